@@ -1,0 +1,19 @@
+"""Engine settings (one engine = one GPU, or this machine's CPU)."""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    chunk_size: int = 256
+    max_chunk_per_gpu: int | None = None  # None: the node type's default (see engine.hardware)
+    node_type: str = "cpu"
+    block_size: int = 16  # tokens per KV block
+    max_num_batched_tokens: int = 512  # the one token budget of a step, decodes and prefill chunks together
+    max_num_seqs: int = 64  # running sequences at once
+    max_waiting: int = 1024  # queued requests beyond which new ones get RESOURCE_EXHAUSTED
+    kv_admission_limit: float = 0.92  # KV use above which new requests get RESOURCE_EXHAUSTED
+    device: str = "cpu"
+    dtype: str = "float32"
+    cpu_memory_budget_gib: float = 2.0  # what weights + KV may use when device is cpu
+    gpu_memory_utilization: float = 0.90  # fraction of GPU memory weights + KV may use

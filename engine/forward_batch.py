@@ -1,0 +1,82 @@
+"""Turns a scheduled batch into the flat tensors one forward pass needs.
+
+Tokens of all sequences are laid out back to back. Single-token queries (decodes) are
+attended together in one padded batch; multi-token prompt chunks one by one."""
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.sequence import Sequence
+
+
+@dataclass
+class PrefillSegment:
+    start: int  # first row in the flat token layout
+    length: int  # query tokens in this chunk
+    context_slots: torch.Tensor | None  # KV slots of positions [0, end); None when the chunk is the whole context
+
+
+@dataclass
+class ForwardBatch:
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    slot_mapping: torch.Tensor  # [T] KV row each new token is written to
+    decode_rows: torch.Tensor  # [B] rows that are single-token queries
+    decode_context_slots: torch.Tensor  # [B, L] KV rows each of them attends to (padded)
+    decode_mask: torch.Tensor  # [B, 1, 1, L] True where a key is real
+    prefills: list[PrefillSegment]
+    logits_rows: torch.Tensor  # [S] rows whose output is sampled, in `sampled` order
+    sampled: list[Sequence]  # sequences that get a new token from this step
+
+
+def _slots(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    return block_table[positions // block_size] * block_size + positions % block_size
+
+
+def build_forward_batch(items: list[tuple[Sequence, int]], block_size: int, device) -> ForwardBatch:
+    input_ids, positions, slot_mapping = [], [], []
+    decode_rows, decode_tables, decode_lengths = [], [], []
+    prefills, logits_rows, sampled = [], [], []
+    row = 0
+    for seq, n in items:
+        start_pos, end_pos = seq.num_computed_tokens, seq.num_computed_tokens + n
+        table = torch.tensor(seq.block_table, dtype=torch.long)
+        seq_positions = torch.arange(start_pos, end_pos)
+        input_ids.extend(seq.token_at(p) for p in range(start_pos, end_pos))
+        positions.append(seq_positions)
+        slot_mapping.append(_slots(table, seq_positions, block_size))
+        if n == 1:
+            decode_rows.append(row)
+            decode_tables.append(table)
+            decode_lengths.append(end_pos)
+        else:
+            context = None if start_pos == 0 else _slots(table, torch.arange(end_pos), block_size).to(device)
+            prefills.append(PrefillSegment(start=row, length=n, context_slots=context))
+        if end_pos == seq.num_tokens:
+            logits_rows.append(row + n - 1)
+            sampled.append(seq)
+        row += n
+
+    if decode_rows:
+        longest = max(decode_lengths)
+        key_positions = torch.arange(longest)
+        decode_context_slots = torch.stack(
+            [_slots(t, key_positions.clamp(max=length - 1), block_size) for t, length in zip(decode_tables, decode_lengths)]
+        )
+        decode_mask = key_positions[None, :] < torch.tensor(decode_lengths)[:, None]
+    else:
+        decode_context_slots = torch.empty(0, 0, dtype=torch.long)
+        decode_mask = torch.empty(0, 0, dtype=torch.bool)
+
+    return ForwardBatch(
+        input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
+        positions=torch.cat(positions).to(device),
+        slot_mapping=torch.cat(slot_mapping).to(device),
+        decode_rows=torch.tensor(decode_rows, dtype=torch.long, device=device),
+        decode_context_slots=decode_context_slots.to(device),
+        decode_mask=decode_mask[:, None, None, :].to(device),
+        prefills=prefills,
+        logits_rows=torch.tensor(logits_rows, dtype=torch.long, device=device),
+        sampled=sampled,
+    )

@@ -1,0 +1,83 @@
+"""The Llama-family forward pass (Llama, Qwen2-style GQA, SmolLM), written for paged KV.
+
+RMSNorm -> attention (RoPE, GQA) -> residual -> RMSNorm -> SwiGLU MLP -> residual, per
+layer; final norm and the LM head run only on rows whose next token is sampled."""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention import paged_attention
+from engine.forward_batch import ForwardBatch
+from engine.kv_cache import KVCache
+from engine.model_config import ModelConfig
+from engine.rope import RotaryEmbedding, apply_rotary
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv: torch.Tensor  # q, k and v projections stacked: one matmul
+    o: torch.Tensor
+    post_attention_norm: torch.Tensor
+    gate_up: torch.Tensor  # gate and up projections stacked
+    down: torch.Tensor
+
+
+class LlamaModel:
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], device, dtype: torch.dtype):
+        self.config = config
+
+        def w(name: str) -> torch.Tensor:
+            return weights[name].to(device=device, dtype=dtype)
+
+        self.embed_tokens = w("model.embed_tokens.weight")
+        self.layers = []
+        for i in range(config.num_layers):
+            p = f"model.layers.{i}."
+            self.layers.append(
+                LayerWeights(
+                    input_norm=w(p + "input_layernorm.weight"),
+                    qkv=torch.cat([w(p + f"self_attn.{n}_proj.weight") for n in "qkv"]).contiguous(),
+                    o=w(p + "self_attn.o_proj.weight"),
+                    post_attention_norm=w(p + "post_attention_layernorm.weight"),
+                    gate_up=torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]).contiguous(),
+                    down=w(p + "mlp.down_proj.weight"),
+                )
+            )
+        self.norm = w("model.norm.weight")
+        self.lm_head = self.embed_tokens if config.tie_word_embeddings else w("lm_head.weight")
+        self.rope = RotaryEmbedding(
+            config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling, device, dtype
+        )
+        self.weight_bytes = sum(
+            t.numel() * t.element_size()
+            for t in [self.embed_tokens, self.norm, *([] if config.tie_word_embeddings else [self.lm_head])]
+        ) + sum(t.numel() * t.element_size() for layer in self.layers for t in vars(layer).values())
+
+    def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        """Logits [len(batch.logits_rows), vocab] for the rows that are sampled."""
+        c = self.config
+        q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        cos, sin = self.rope.tables(batch.positions)
+        x = self.embed_tokens[batch.input_ids]
+        for index, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
+            q, k, v = F.linear(h, layer.qkv).split([q_size, kv_size, kv_size], dim=-1)
+            q = apply_rotary(q.view(-1, c.num_heads, c.head_dim), cos, sin)
+            k = apply_rotary(k.view(-1, c.num_kv_heads, c.head_dim), cos, sin)
+            v = v.view(-1, c.num_kv_heads, c.head_dim)
+            attended = paged_attention(q, k, v, kv.k[index], kv.v[index], batch)
+            x = x + F.linear(attended.view(-1, q_size), layer.o)
+            h = rms_norm(x, layer.post_attention_norm, c.rms_norm_eps)
+            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        last = rms_norm(x[batch.logits_rows], self.norm, c.rms_norm_eps)
+        return F.linear(last, self.lm_head).float()

@@ -1,0 +1,99 @@
+"""Continuous batching with chunked prefill under one token budget per step.
+
+Each step: running sequences that are decoding get their one token first, then running
+sequences part-way through their prompt get the next prompt chunk, then waiting
+sequences are admitted first-come-first-served while budget, sequence slots and KV
+blocks last. When a running sequence needs a block and none is free, the most recent
+arrival is preempted: its blocks are freed and it is recomputed later from its tokens."""
+
+from dataclasses import dataclass, field
+
+from engine.block_manager import BlockManager
+from engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledBatch:
+    # (sequence, number of its tokens to compute this step), decodes first
+    items: list[tuple[Sequence, int]] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.items)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_batched_tokens: int, max_num_seqs: int):
+        if max_num_batched_tokens < 1 or max_num_seqs < 1:
+            raise ValueError("the token budget and the sequence limit must be at least 1")
+        self.block_manager = block_manager
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove a sequence (finished, aborted or failed) and free its blocks now."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.release(seq.block_table)
+        seq.status = SequenceStatus.FINISHED
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        order = sorted(self.running, key=lambda s: (not s.is_decoding, s.arrival_order))
+        for seq in order:
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this loop
+                continue
+            n = min(seq.num_uncomputed_tokens, budget)
+            if not self._make_room(seq, n, batch):
+                continue
+            self.block_manager.grow(seq.block_table, seq.num_computed_tokens + n)
+            batch.items.append((seq, n))
+            budget -= n
+        budget = self.max_num_batched_tokens - batch.num_tokens
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not batch.preempted:
+            seq = self.waiting[0]
+            n = min(seq.num_uncomputed_tokens, budget)
+            if not self.block_manager.can_grow(seq.block_table, seq.num_computed_tokens + n):
+                break
+            self.waiting.pop(0)
+            self.block_manager.grow(seq.block_table, seq.num_computed_tokens + n)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            batch.items.append((seq, n))
+            budget -= n
+        return batch
+
+    def _make_room(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:
+        """Preempt later arrivals until `seq` can grow by `n` tokens; False if `seq` itself was preempted."""
+        while not self.block_manager.can_grow(seq.block_table, seq.num_computed_tokens + n):
+            victim = max(self.running, key=lambda s: s.arrival_order)
+            self._preempt(victim, batch)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
+        batch.items = [(s, n) for s, n in batch.items if s is not seq]
+        self.running.remove(seq)
+        self.block_manager.release(seq.block_table)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.preemptions += 1
+        self.waiting.insert(0, seq)
+        batch.preempted.append(seq)

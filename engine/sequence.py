@@ -1,0 +1,67 @@
+"""One request's state inside the engine."""
+
+import enum
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+_arrival_counter = itertools.count()
+
+
+@dataclass(eq=False)
+class Sequence:
+    request_id: str
+    prompt_token_ids: list[int]  # real prompt, pads already stripped
+    sampling: SamplingParams
+    pad_length: int = 0
+    deadline: float | None = None  # time.time() seconds; None = none
+    output_token_ids: list[int] = field(default_factory=list)
+    # tokens whose KV is in the cache; prompt and output tokens alike
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: FinishReason | None = None
+    # FCFS priority: lower arrived earlier; kept across preemptions
+    arrival_order: int = field(default_factory=lambda: next(_arrival_counter))
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    prefill_chunks: int = 0
+    preemptions: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        """All but the newest token are cached: the next step feeds one token."""
+        return bool(self.output_token_ids) and self.num_uncomputed_tokens == 1
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def token_at(self, position: int) -> int:
+        prompt_len = len(self.prompt_token_ids)
+        return self.prompt_token_ids[position] if position < prompt_len else self.output_token_ids[position - prompt_len]
