@@ -1,0 +1,126 @@
+"""Greedy token-for-token parity with Hugging Face transformers (see tests/parity.py for the
+near-tie rule): SmolLM2 from its GGUF and a tiny random Llama saved as a Hugging Face folder,
+one request at a time, in one continuous batch with staggered arrivals, padded to 64 and 256."""
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.engine import LLMEngine
+from engine.errors import EngineError, ErrorCode
+from engine.loader import load_model
+from engine.offline import Completion, collect, make_request
+from engine.sampling_params import SamplingParams
+from tests.fixtures.parity_prompts import parity_prompt_ids
+from tests.parity import compare, greedy_reference
+
+NEW_TOKENS = 32
+GREEDY = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
+
+# (name, chunk_size, max_chunk_per_gpu, staggered batch?)
+MODES = [
+    ("one-at-a-time, chunk 64", 64, 40, False),
+    ("continuous batch, chunk 64", 64, 40, True),
+    ("continuous batch, chunk 256", 256, 12, True),
+]
+
+
+def run_one_at_a_time(engine: LLMEngine, prompts: list[list[int]]) -> list[list[int]]:
+    results = []
+    for prompt in prompts:
+        request = make_request(engine, prompt, GREEDY)
+        completions = {request.request_id: Completion(request.request_id)}
+        engine.add_request(request)
+        while completions[request.request_id].finish_reason is None:
+            collect(completions, engine.step())
+        results.append(completions[request.request_id].token_ids)
+    return results
+
+
+def run_staggered(engine: LLMEngine, prompts: list[list[int]]) -> list[list[int]]:
+    """Request i arrives at step 3*i, so prefills, chunks and decodes of others interleave;
+    one refused for a full KV cache is offered again at the next step, as the gateway would."""
+    requests = [make_request(engine, p, GREEDY) for p in prompts]
+    completions = {r.request_id: Completion(r.request_id) for r in requests}
+    pending = []
+    step = 0
+    while any(c.finish_reason is None for c in completions.values()):
+        pending += [r for i, r in enumerate(requests) if 3 * i == step]
+        while pending:
+            try:
+                engine.add_request(pending[0])
+            except EngineError as error:
+                assert error.code is ErrorCode.RESOURCE_EXHAUSTED
+                break
+            pending.pop(0)
+        collect(completions, engine.step())
+        step += 1
+    return [completions[r.request_id].token_ids for r in requests]
+
+
+def check_parity(model, prompts, references, chunk_size, max_chunks, staggered, label, parity_report):
+    engine = LLMEngine(model, EngineConfig(chunk_size=chunk_size, max_chunk_per_gpu=max_chunks, max_num_batched_tokens=256))
+    outputs = run_staggered(engine, prompts) if staggered else run_one_at_a_time(engine, prompts)
+    comparisons = [compare(tokens, ref) for tokens, ref in zip(outputs, references)]
+    near_ties = sum(c.near_tie for c in comparisons)
+    parity_report.append(
+        f"{label}: {len(prompts)} prompts ({min(map(len, prompts))}-{max(map(len, prompts))} tokens), "
+        f"{sum(c.matched for c in comparisons)} tokens equal, {near_ties} stopped at a near-tie, "
+        f"{engine.num_preemptions} preemptions"
+    )
+    assert near_ties <= max(1, len(prompts) // 4), "near-ties should be rare"
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    return engine
+
+
+@pytest.fixture(scope="module")
+def smollm2_prompts(smollm2):
+    prompts = parity_prompt_ids(smollm2.tokenizer)
+    assert len(prompts) >= 12 and min(map(len, prompts)) == 1 and max(map(len, prompts)) >= 1900
+    return prompts
+
+
+@pytest.fixture(scope="module")
+def smollm2_references(hf_smollm2, smollm2_prompts):
+    return [greedy_reference(hf_smollm2, p, NEW_TOKENS) for p in smollm2_prompts]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label, chunk_size, max_chunks, staggered", MODES, ids=[m[0] for m in MODES])
+def test_smollm2_matches_transformers(smollm2, smollm2_prompts, smollm2_references, label, chunk_size, max_chunks, staggered, parity_report):
+    engine = check_parity(smollm2, smollm2_prompts, smollm2_references, chunk_size, max_chunks, staggered, f"SmolLM2 {label}", parity_report)
+    if staggered and chunk_size == 64:
+        assert engine.num_preemptions > 0, "this mode is sized so that preempted requests must recompute"
+
+
+@pytest.fixture(scope="module")
+def tiny_hf_folder(tmp_path_factory, smollm2):
+    """A random Llama with untied embeddings, written by transformers itself (safetensors)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(1234)
+    config = LlamaConfig(
+        vocab_size=smollm2.tokenizer.vocab_size, hidden_size=96, intermediate_size=256, num_hidden_layers=3,
+        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=4096, rope_theta=50000.0,
+        tie_word_embeddings=False, initializer_range=0.2,
+    )
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
+    smollm2.tokenizer.save(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_references(tiny_hf_folder, smollm2_prompts):
+    from transformers import LlamaForCausalLM
+
+    reference_model = LlamaForCausalLM.from_pretrained(tiny_hf_folder, dtype=torch.float32).eval()
+    return [greedy_reference(reference_model, p, NEW_TOKENS) for p in smollm2_prompts]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label, chunk_size, max_chunks, staggered", MODES, ids=[m[0] for m in MODES])
+def test_tiny_hf_folder_matches_transformers(tiny_hf_folder, smollm2_prompts, tiny_references, label, chunk_size, max_chunks, staggered, parity_report):
+    model = load_model(str(tiny_hf_folder))
+    assert not model.config.tie_word_embeddings and "lm_head.weight" in model.weights
+    check_parity(model, smollm2_prompts, tiny_references, chunk_size, max_chunks, staggered, f"tiny HF folder {label}", parity_report)
