@@ -9,6 +9,7 @@ import glob
 import json
 import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,7 +19,7 @@ from safetensors import SafetensorError, safe_open
 from engine.gguf_dequant import SUPPORTED_TYPES, dequantize, is_supported
 from engine.model_config import ModelConfig
 from k25.gguf_file import GGUFError, GGUFFile
-from k25.model_source import DEFAULT_MODEL, ModelLoadError, resolve_model
+from k25.model_source import DEFAULT_MODEL, ModelLoadError, ModelSource, resolve_model
 from k25.tokenizer import Tokenizer
 
 
@@ -102,32 +103,56 @@ def check_weights(config: ModelConfig, weights: dict[str, torch.Tensor], where: 
 
 def load_model(name_or_path: str = DEFAULT_MODEL) -> LoadedModel:
     source = resolve_model(name_or_path)
-    where = source.path
-    try:
-        if source.kind == "gguf":
-            with GGUFFile(source.path) as gguf:
-                config, weights = _load_gguf(gguf)
-                tokenizer = Tokenizer.from_gguf(gguf)
-        elif source.kind == "hf":
-            config = _hf_config(source.path)
-            weights = _load_safetensors(source.path, config.tie_word_embeddings)
-            tokenizer = Tokenizer.from_folder(source.path)
-        else:
-            where = "tiny-random"
-            config, weights = TINY_CONFIG, tiny_weights(TINY_CONFIG)
-            tokenizer = Tokenizer.from_gguf(source.path)
-    except GGUFError as e:
-        raise ModelLoadError(str(e)) from None
-    except OSError as e:
-        raise ModelLoadError(f"{e.filename or where}: {e.strerror or e}") from None
-    except SafetensorError as e:
-        raise ModelLoadError(f"{where}: unreadable safetensors ({e})") from None
-    check_weights(config, weights, where)
+    where = "tiny-random" if source.kind == "tiny" else source.path
+    with _threads_for_size(_disk_size(source)):
+        try:
+            config, weights, tokenizer = _load(source)
+        except GGUFError as e:
+            raise ModelLoadError(str(e)) from None
+        except OSError as e:
+            raise ModelLoadError(f"{e.filename or where}: {e.strerror or e}") from None
+        except SafetensorError as e:
+            raise ModelLoadError(f"{where}: unreadable safetensors ({e})") from None
+        check_weights(config, weights, where)
     if tokenizer.vocab_size > config.vocab_size:
         raise ModelLoadError(
             f"{where}: the tokenizer has {tokenizer.vocab_size} tokens, the model only {config.vocab_size}"
         )
     return LoadedModel(config, weights, tokenizer, where)
+
+
+def _load(source: ModelSource) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+    if source.kind == "gguf":
+        with GGUFFile(source.path) as gguf:
+            config, weights = _load_gguf(gguf)
+            return config, weights, Tokenizer.from_gguf(gguf)
+    if source.kind == "hf":
+        config = _hf_config(source.path)
+        weights = _load_safetensors(source.path, config.tie_word_embeddings)
+        return config, weights, Tokenizer.from_folder(source.path)
+    return TINY_CONFIG, tiny_weights(TINY_CONFIG), Tokenizer.from_gguf(source.path)
+
+
+def _disk_size(source: ModelSource) -> int:
+    if source.kind == "gguf":
+        return os.path.getsize(source.path)
+    if source.kind == "hf":
+        return sum(e.stat().st_size for e in os.scandir(source.path) if e.name.endswith(".safetensors"))
+    return 0
+
+
+@contextmanager
+def _threads_for_size(nbytes: int):
+    """Load models under 1 GiB on one thread. Their tensors are too small for torch's intra-op
+    threads to pay off, and next to a busy process every parallel region waits for a descheduled
+    thread: SmolLM2 loaded in 3-10 s with 2 threads on a loaded 2-core machine, ~1 s with one."""
+    before = torch.get_num_threads()
+    if nbytes < 1 << 30:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 # --- tiny-random ------------------------------------------------------------------------------
@@ -189,9 +214,13 @@ def _unpermute_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 def _load_gguf(gguf: GGUFFile) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     config = _gguf_config(gguf)
     arch = gguf.metadata["general.architecture"]
+    shapes = expected_shapes(config) | optional_shapes(config)
     weights = {}
     for name, info in gguf.tensors.items():
         hf_name = _hf_name(name, gguf.path)
+        if hf_name in shapes and info.shape != shapes[hf_name]:  # before unpermuting, which assumes the shape
+            raise ModelLoadError(f"{gguf.path}: {name} ({hf_name}) has shape {info.shape}, the config implies "
+                                 f"{shapes[hf_name]}")
         if not is_supported(info.type):
             raise ModelLoadError(
                 f"{gguf.path}: tensor {name!r} is {info.type_name}, which the loader cannot dequantise "
@@ -216,8 +245,8 @@ def _gguf_config(gguf: GGUFFile) -> ModelConfig:
         value = md.get(f"{arch}.{key}", default)
         if value is None:
             raise ModelLoadError(f"{path}: GGUF metadata lacks {arch}.{key}")
-        if not isinstance(value, (int, float)):
-            raise ModelLoadError(f"{path}: {arch}.{key} is {type(value).__name__}, expected a number")
+        if not isinstance(value, (int, float)) or value <= 0:
+            raise ModelLoadError(f"{path}: {arch}.{key} is {value!r}, expected a positive number")
         return kind(value)
 
     hidden, heads = get("embedding_length"), get("attention.head_count")
@@ -255,10 +284,10 @@ def _gguf_rope_scaling(md: dict, arch: str, path: str) -> dict | None:
         return None
     if kind in (None, "linear"):
         return {"rope_type": "linear", "factor": float(factor)}
-    if kind == "yarn":
-        original = md.get(f"{arch}.rope.scaling.original_context_length")
-        return {"rope_type": "yarn", "factor": float(factor), "original_max_position_embeddings": int(original)}
-    raise ModelLoadError(f"{path}: rope scaling type {kind!r} is not supported")
+    if kind == "yarn" and factor and md.get(f"{arch}.rope.scaling.original_context_length"):
+        original = int(md[f"{arch}.rope.scaling.original_context_length"])
+        return {"rope_type": "yarn", "factor": float(factor), "original_max_position_embeddings": original}
+    raise ModelLoadError(f"{path}: rope scaling {kind!r} (factor {factor!r}) is not supported")
 
 
 # --- Hugging Face folder ------------------------------------------------------------------------
@@ -279,9 +308,12 @@ def _hf_config(folder: str) -> ModelConfig:
         raise ModelLoadError(f"{path}: model_type {kind!r} is not a supported Llama-family model")
 
     def need(key):
-        if cfg.get(key) is None:
+        value = cfg.get(key)
+        if value is None:
             raise ModelLoadError(f"{path}: lacks {key!r}")
-        return cfg[key]
+        if not isinstance(value, int) or value <= 0:
+            raise ModelLoadError(f"{path}: {key} is {value!r}, expected a positive integer")
+        return value
 
     hidden, heads = need("hidden_size"), need("num_attention_heads")
     # transformers >= 5 keeps theta and scaling together in rope_parameters

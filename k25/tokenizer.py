@@ -152,7 +152,8 @@ class Tokenizer:
         self.add_bos_token = add_bos_token
         self.bos_token_id = self.token_to_id(bos_token)
         self.eos_token_id = self.token_to_id(eos_token)
-        self.pad_token_id = self.token_to_id(pad_token)
+        # padded positions are masked, so a model without a pad token pads with its eos
+        self.pad_token_id = self.token_to_id(pad_token) if pad_token is not None else self.eos_token_id
         self.eos_token_ids = self._stop_ids(extra_eos_token_ids)
 
     def _stop_ids(self, extra: tuple[int, ...]) -> tuple[int, ...]:
@@ -184,27 +185,8 @@ class Tokenizer:
         merges = md.get("tokenizer.ggml.merges")
         if not tokens or merges is None:
             raise ModelLoadError(f"{path}: GGUF has no tokenizer.ggml.tokens or tokenizer.ggml.merges")
-        types = md.get("tokenizer.ggml.token_type")
-        pre = md.get("tokenizer.ggml.pre", "default")
-        if pre not in _PRE_TOKENIZERS:
-            warnings.warn(f"{path}: unknown tokenizer.ggml.pre {pre!r}; splitting text the GPT-2 way", stacklevel=2)
-        build_pre, ignore_merges, nfc = _PRE_TOKENIZERS.get(pre, _PRE_TOKENIZERS["default"])
-
-        alphabet = frozenset(_byte_spelling().values())
-        vocab = {_respell(token, alphabet): i for i, token in enumerate(tokens)}
-        pairs = [tuple(m.split(" ", 1)) for m in merges]
-        backend = Backend(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, ignore_merges=ignore_merges))
-        backend.pre_tokenizer = build_pre()
-        backend.decoder = decoders.ByteLevel()
-        if nfc:
-            backend.normalizer = normalizers.NFC()
-
-        if types is not None:
-            # a control token spelled outside the byte alphabet is a mislabel; adding it would grow the vocabulary
-            special = [t for t, k in zip(tokens, types) if k == _CONTROL and set(t) <= alphabet]
-            user = [t for t, k in zip(tokens, types) if k == _USER_DEFINED and set(t) <= alphabet]
-            backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
-            backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
+        types, pre = md.get("tokenizer.ggml.token_type"), md.get("tokenizer.ggml.pre", "default")
+        backend = _byte_level_bpe(tokens, merges, types, pre, path)
 
         def token(key):
             i = md.get(f"tokenizer.ggml.{key}")
@@ -316,6 +298,29 @@ class Tokenizer:
         """The rendered conversation's ids; the template writes any BOS itself, so none is added."""
         text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **kwargs)
         return self.encode(text, add_special_tokens=False)
+
+
+def _byte_level_bpe(tokens: list[str], merges: list[str], types, pre: str | None, path: str) -> Backend:
+    """The BPE a GGUF's vocabulary describes, splitting text the way llama.cpp does for `pre`."""
+    if pre not in _PRE_TOKENIZERS:
+        warnings.warn(f"{path}: unknown tokenizer.ggml.pre {pre!r}; splitting text the GPT-2 way", stacklevel=3)
+    build_pre, ignore_merges, nfc = _PRE_TOKENIZERS.get(pre, _PRE_TOKENIZERS["default"])
+
+    alphabet = frozenset(_byte_spelling().values())
+    vocab = {_respell(token, alphabet): i for i, token in enumerate(tokens)}
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    backend = Backend(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, ignore_merges=ignore_merges))
+    backend.pre_tokenizer = build_pre()
+    backend.decoder = decoders.ByteLevel()
+    if nfc:
+        backend.normalizer = normalizers.NFC()
+    if types is not None:
+        # a control token spelled outside the byte alphabet is a mislabel; adding it would grow the vocabulary
+        special = [t for t, k in zip(tokens, types) if k == _CONTROL and set(t) <= alphabet]
+        user = [t for t, k in zip(tokens, types) if k == _USER_DEFINED and set(t) <= alphabet]
+        backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+        backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
+    return backend
 
 
 def _post_processor(bos: str | None, eos: str | None, backend: Backend):

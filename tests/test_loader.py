@@ -56,7 +56,7 @@ def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def write_gguf(path, config: ModelConfig, weights: dict, tokenizer_md: dict, *, arch="llama",
-               matrix_type=GGMLQuantizationType.F32, extra_tensors=()):
+               matrix_type=GGMLQuantizationType.F32, extra_tensors=(), extra_kv=None):
     writer = GGUFWriter(str(path), arch)
     writer.add_block_count(config.num_layers)
     writer.add_context_length(config.max_position_embeddings)
@@ -68,6 +68,8 @@ def write_gguf(path, config: ModelConfig, weights: dict, tokenizer_md: dict, *, 
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
     writer.add_rope_dimension_count(config.head_dim)
+    for key, (value, vtype) in (extra_kv or {}).items():  # after the standard keys, so these win
+        writer.add_key_value(key, value, vtype)
     for key, value in tokenizer_md.items():
         if isinstance(value, str):
             writer.add_string(key, value)
@@ -242,6 +244,29 @@ def test_gguf_qwen2_keeps_row_order_and_biases(tmp_path, tokenizer_md):
         assert torch.equal(model.weights[name], w), name
 
 
+@pytest.mark.parametrize(
+    "kv, expected",
+    [
+        ({"llama.rope.scaling.type": ("linear", GGUFValueType.STRING),
+          "llama.rope.scaling.factor": (4.0, GGUFValueType.FLOAT32)}, {"rope_type": "linear", "factor": 4.0}),
+        ({"llama.rope.scaling.type": ("yarn", GGUFValueType.STRING),
+          "llama.rope.scaling.factor": (2.0, GGUFValueType.FLOAT32),
+          "llama.rope.scaling.original_context_length": (4096, GGUFValueType.UINT32)},
+         {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 4096}),
+        ({"llama.rope.scaling.type": ("none", GGUFValueType.STRING)}, None),
+    ],
+)
+def test_gguf_rope_scaling_metadata(tmp_path, tokenizer_md, kv, expected):
+    path = write_gguf(tmp_path / "rope.gguf", TINY_CONFIG, tiny_weights(TINY_CONFIG), tokenizer_md, extra_kv=kv)
+    assert load_model(path).config.rope_scaling == expected
+
+
+def test_gguf_llama3_rope_frequencies_are_refused(tmp_path, tokenizer_md):
+    freqs = [("rope_freqs.weight", np.ones(8, dtype=np.float32), None)]
+    path = write_gguf(tmp_path / "l3.gguf", TINY_CONFIG, tiny_weights(TINY_CONFIG), tokenizer_md, extra_tensors=freqs)
+    _raises(path, "rope_freqs.weight", "not supported")
+
+
 def test_gguf_unsupported_tensor_type_names_type_and_file(tmp_path, tokenizer_md):
     weights = tiny_weights(TINY_CONFIG)
     weights.pop("model.layers.0.mlp.up_proj.weight")  # (128, 64): two 32-weight IQ4_NL blocks per row
@@ -341,7 +366,9 @@ def _tiny_digest() -> str:
 
 
 def test_tiny_random_is_deterministic():
+    threads = torch.get_num_threads()
     a, b = load_model("tiny-random"), load_model("tiny")
+    assert torch.get_num_threads() == threads  # the loader's single-threaded stretch is undone
     assert a.config == TINY_CONFIG and a.source == "tiny-random"
     assert a.weights.keys() == b.weights.keys() == expected_shapes(TINY_CONFIG).keys()
     assert all(torch.equal(a.weights[k], b.weights[k]) for k in a.weights)
@@ -410,6 +437,9 @@ def test_gguf_metadata_that_contradicts_the_tensors(tmp_path, tokenizer_md):
     weights = tiny_weights(TINY_CONFIG)
     path = write_gguf(tmp_path / "lies.gguf", config, weights, tokenizer_md)
     _raises(path, "mlp.gate_proj.weight", "shape")
+    path = write_gguf(tmp_path / "zero.gguf", TINY_CONFIG, weights, tokenizer_md,
+                      extra_kv={"llama.attention.head_count": (0, GGUFValueType.UINT32)})
+    _raises(path, "head_count", "positive")
 
 
 def test_bad_hf_folders(tmp_path):

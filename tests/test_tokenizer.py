@@ -6,8 +6,12 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
+from gguf import GGUFWriter
 from tokenizers import pre_tokenizers
+
+from k25.gguf_file import GGUFFile
 
 from k25.model_source import ModelLoadError
 from k25.tokenizer import IncrementalDetokenizer, Tokenizer, load_tokenizer
@@ -206,3 +210,45 @@ def test_tokenizer_load_time(smollm2_gguf):
     start = time.perf_counter()
     Tokenizer.from_gguf(smollm2_gguf)
     print(f"Tokenizer.from_gguf: {time.perf_counter() - start:.3f} s")
+
+
+def write_tokenizer_gguf(path, source_gguf, **overrides) -> str:
+    """A tensor-less GGUF holding SmolLM2's tokenizer metadata, with some keys changed."""
+    md = {k: v for k, v in GGUFFile(source_gguf).metadata.items() if k.startswith("tokenizer.")}
+    md |= {f"tokenizer.ggml.{k}": v for k, v in overrides.items()}
+    writer = GGUFWriter(str(path), "llama")
+    for key, value in md.items():
+        if isinstance(value, str):
+            writer.add_string(key, value)
+        elif isinstance(value, bool):
+            writer.add_bool(key, value)
+        elif isinstance(value, int):
+            writer.add_uint32(key, value)
+        else:
+            writer.add_array(key, value.tolist() if isinstance(value, np.ndarray) else value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(path)
+
+
+def test_gguf_that_asks_for_bos(tmp_path, smollm2_gguf):
+    tok = Tokenizer.from_gguf(write_tokenizer_gguf(tmp_path / "bos.gguf", smollm2_gguf, add_bos_token=True))
+    assert tok.add_bos_token and tok.encode("hi") == [1, 6004]
+    assert tok.encode("hi", add_special_tokens=False) == [6004]
+    assert tok.encode_chat([{"role": "user", "content": "hi"}])[:2] == [1, 9690]  # the template's own BOS only
+    tok.save(str(tmp_path / "saved"))
+    assert Tokenizer.from_folder(str(tmp_path / "saved")).encode("hi") == [1, 6004]
+
+
+def test_gguf_pre_tokenizer_variants(tmp_path, smollm2_gguf):
+    llama3 = Tokenizer.from_gguf(write_tokenizer_gguf(tmp_path / "l3.gguf", smollm2_gguf, pre="llama-bpe"))
+    assert [llama3.backend.id_to_token(i) for i in llama3.encode("x 2024")][:2] == ["x", "Ġ"]
+    assert llama3.decode(llama3.encode("x 2024 🐱")) == "x 2024 🐱"
+    with pytest.warns(UserWarning, match="mystery"):
+        Tokenizer.from_gguf(write_tokenizer_gguf(tmp_path / "m.gguf", smollm2_gguf, pre="mystery"))
+    with pytest.raises(ModelLoadError, match="SentencePiece|'llama'"):
+        Tokenizer.from_gguf(write_tokenizer_gguf(tmp_path / "spm.gguf", smollm2_gguf, model="llama"))
+    no_pad = write_tokenizer_gguf(tmp_path / "nopad.gguf", smollm2_gguf, padding_token_id=10**6)
+    assert Tokenizer.from_gguf(no_pad).pad_token_id == 2  # falls back to eos
