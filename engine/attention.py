@@ -14,22 +14,22 @@ def paged_attention(
     v_cache: torch.Tensor,
     batch: ForwardBatch,
 ) -> torch.Tensor:
-    k_cache[batch.slot_mapping] = k
-    v_cache[batch.slot_mapping] = v
+    k_cache.index_copy_(0, batch.slot_mapping, k)
+    v_cache.index_copy_(0, batch.slot_mapping, v)
     out = torch.empty_like(q)
     if batch.decode_rows.numel():
-        query = q[batch.decode_rows].unsqueeze(2)  # [B, heads, 1, d]
-        keys = k_cache[batch.decode_context_slots].transpose(1, 2)  # [B, kv_heads, L, d]
-        values = v_cache[batch.decode_context_slots].transpose(1, 2)
+        query = q.index_select(0, batch.decode_rows).unsqueeze(2)  # [B, heads, 1, d]
+        keys = _gather(k_cache, batch.decode_context_slots).transpose(1, 2)  # [B, kv_heads, L, d]
+        values = _gather(v_cache, batch.decode_context_slots).transpose(1, 2)
         attended = F.scaled_dot_product_attention(query, keys, values, attn_mask=batch.decode_mask, enable_gqa=True)
-        out[batch.decode_rows] = attended.squeeze(2)
+        out.index_copy_(0, batch.decode_rows, attended.squeeze(2))
     for seg in batch.prefills:
         rows = slice(seg.start, seg.start + seg.length)
         query = q[rows].transpose(0, 1).unsqueeze(0)  # [1, heads, n, d]
         if seg.context_slots is None:
             keys, values, mask, causal = k[rows], v[rows], None, True
         else:
-            keys, values, causal = k_cache[seg.context_slots], v_cache[seg.context_slots], False
+            keys, values, causal = _gather(k_cache, seg.context_slots), _gather(v_cache, seg.context_slots), False
             context = seg.context_slots.numel()
             query_positions = torch.arange(context - seg.length, context, device=q.device)
             mask = torch.arange(context, device=q.device)[None, :] <= query_positions[:, None]
@@ -38,3 +38,8 @@ def paged_attention(
         attended = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, is_causal=causal, enable_gqa=True)
         out[rows] = attended.squeeze(0).transpose(0, 1)
     return out
+
+
+def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Rows `slots` (any shape) of the cache; index_select is far faster than advanced indexing on CPU."""
+    return cache.index_select(0, slots.reshape(-1)).view(*slots.shape, *cache.shape[1:])

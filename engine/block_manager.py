@@ -27,8 +27,9 @@ class BlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def can_grow(self, block_table: list[int], num_tokens: int) -> bool:
-        return self.blocks_for(num_tokens) - len(block_table) <= len(self._free)
+    def can_grow(self, block_table: list[int], num_tokens: int, keep_free: int = 0) -> bool:
+        """Whether `block_table` can cover `num_tokens` and still leave `keep_free` blocks free."""
+        return self.blocks_for(num_tokens) - len(block_table) <= len(self._free) - keep_free
 
     def grow(self, block_table: list[int], num_tokens: int) -> None:
         """Extend `block_table` in place so that it covers `num_tokens` positions."""

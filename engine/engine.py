@@ -251,7 +251,7 @@ class LLMEngine:
         seq.output_token_ids.append(token)
         stream = self._streams[seq.request_id]
         params = seq.sampling
-        reason = None
+        reason, stop_at = None, None
         if (not params.ignore_eos and token in self.tokenizer.eos_token_ids) or token in params.stop_token_ids:
             reason = FinishReason.STOP
         else:
@@ -262,6 +262,8 @@ class LLMEngine:
                 reason = FinishReason.STOP
         if reason is None and len(seq.output_token_ids) >= params.max_tokens:
             reason = FinishReason.LENGTH
+        if reason is not None and stop_at is None:
+            stream.text += stream.detokenizer.finish()  # bytes held back for a character never completed
         output = RequestOutput(seq.request_id, token_ids=[token], logprobs=[sampled] if params.logprobs is not None else [])
         if reason is not None:
             final = self._finish(seq, reason)

@@ -11,7 +11,10 @@ def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
 
 
 class KVCache:
+    """Per layer, K and V tensors of [slots, kv_heads, head_dim]; slot = block * block_size + offset."""
+
     def __init__(self, config: ModelConfig, num_slots: int, device, dtype: torch.dtype):
-        shape = (config.num_layers, num_slots, config.num_kv_heads, config.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        # one allocation per layer: advanced indexing into a slice of one big tensor takes a slow path on CPU
+        shape = (num_slots, config.num_kv_heads, config.head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_layers)]

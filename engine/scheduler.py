@@ -3,7 +3,7 @@
 Each step: running sequences that are decoding get their one token first, then running
 sequences part-way through their prompt get the next prompt chunk, then waiting
 sequences are admitted first-come-first-served while budget, sequence slots and KV
-blocks last. When a running sequence needs a block and none is free, the most recent
+blocks last (keeping one free block per running sequence). When a running sequence needs a block and none is free, the most recent
 arrival is preempted: its blocks are freed and it is recomputed later from its tokens."""
 
 from dataclasses import dataclass, field
@@ -69,7 +69,9 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not batch.preempted:
             seq = self.waiting[0]
             n = min(seq.num_uncomputed_tokens, budget)
-            if not self.block_manager.can_grow(seq.block_table, seq.num_computed_tokens + n):
+            # leave a block per running sequence for its next token: admitting into the last free
+            # blocks would only have the newcomer preempted (and its work thrown away) next step
+            if not self.block_manager.can_grow(seq.block_table, seq.num_computed_tokens + n, keep_free=len(self.running)):
                 break
             self.waiting.pop(0)
             self.block_manager.grow(seq.block_table, seq.num_computed_tokens + n)

@@ -9,7 +9,7 @@ from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.errors import EngineError, ErrorCode
 from engine.loader import load_model
-from engine.offline import Completion, collect, make_request
+from engine.offline import Completion, collect, generate, make_request, stream
 from engine.sampling_params import SamplingParams
 from tests.fixtures.parity_prompts import parity_prompt_ids
 from tests.parity import compare, greedy_reference
@@ -124,3 +124,27 @@ def test_tiny_hf_folder_matches_transformers(tiny_hf_folder, smollm2_prompts, ti
     model = load_model(str(tiny_hf_folder))
     assert not model.config.tie_word_embeddings and "lm_head.weight" in model.weights
     check_parity(model, smollm2_prompts, tiny_references, chunk_size, max_chunks, staggered, f"tiny HF folder {label}", parity_report)
+
+
+@pytest.mark.slow
+def test_smollm2_logprobs_match_transformers(smollm2, smollm2_prompts, smollm2_references):
+    engine = LLMEngine(smollm2, EngineConfig(chunk_size=64, max_chunk_per_gpu=40))
+    prompt, reference = smollm2_prompts[6], smollm2_references[6]
+    [out] = generate(engine, [prompt], SamplingParams(max_tokens=8, logprobs=3, ignore_eos=True))
+    assert out.token_ids == reference.token_ids[:8]
+    for entry, ref in zip(out.logprobs, reference.logprobs):
+        assert entry.logprob == pytest.approx(float(ref[entry.token_id]), abs=1e-4)
+        top = ref.topk(3)
+        assert [t for t, _ in entry.top] == top.indices.tolist()
+
+
+@pytest.mark.slow
+def test_smollm2_streams_chinese_without_broken_characters(smollm2):
+    engine = LLMEngine(smollm2, EngineConfig(chunk_size=64, max_chunk_per_gpu=8))
+    tokenizer = smollm2.tokenizer
+    prompt = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": "用中文写一句关于春天的话。"}]))
+    deltas = list(stream(engine, prompt, SamplingParams(max_tokens=40)))
+    tokens = [t for d in deltas for t in d.token_ids if t not in tokenizer.eos_token_ids]
+    assert "".join(d.text for d in deltas) == tokenizer.decode(tokens)
+    assert all("\ufffd" not in d.text for d in deltas)
+    assert any("\u4e00" <= ch <= "\u9fff" for d in deltas for ch in d.text), "expected Chinese output"

@@ -98,9 +98,9 @@ def test_decodes_are_scheduled_before_prefill_chunks():
 
 
 def test_preemption_frees_blocks_and_recomputes_later_arrival():
-    # 4 blocks of 4 tokens: two sequences of 6 prompt tokens fit, but not both growing to 9
-    scheduler = Scheduler(BlockManager(4, 4), max_num_batched_tokens=64, max_num_seqs=4)
-    early, late = make_seq(6, 4, "early"), make_seq(6, 4, "late")
+    # 6 blocks of 4 tokens: two sequences of 6 prompt tokens fit, but not both growing to 14
+    scheduler = Scheduler(BlockManager(6, 4), max_num_batched_tokens=64, max_num_seqs=4)
+    early, late = make_seq(6, 8, "early"), make_seq(6, 8, "late")
     scheduler.add(early)
     scheduler.add(late)
     preempted = []
@@ -111,14 +111,14 @@ def test_preemption_frees_blocks_and_recomputes_later_arrival():
             seq.num_computed_tokens += n
             if seq.num_computed_tokens == seq.num_tokens:
                 seq.output_token_ids.append(1)
-                if len(seq.output_token_ids) == 4:
+                if len(seq.output_token_ids) == 8:
                     scheduler.finish(seq)
         check_block_invariants(scheduler)
         if not scheduler.num_unfinished:
             break
     assert preempted and set(preempted) == {"late"}
-    assert late.preemptions >= 1 and len(late.output_token_ids) == 4
-    assert scheduler.block_manager.num_free_blocks == 4
+    assert late.preemptions >= 1 and len(late.output_token_ids) == 8
+    assert scheduler.block_manager.num_free_blocks == 6
 
 
 def test_block_manager_refuses_to_overcommit():
