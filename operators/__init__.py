@@ -1,0 +1,1 @@
+"""The K25 operator: EnginePool controller, autoscaling policy and its simulation."""
