@@ -25,7 +25,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 class LayerWeights:
     input_norm: torch.Tensor
     qkv: torch.Tensor  # q, k and v projections stacked: one matmul
+    qkv_bias: torch.Tensor | None  # Qwen2 has attention biases, Llama does not
     o: torch.Tensor
+    o_bias: torch.Tensor | None
     post_attention_norm: torch.Tensor
     gate_up: torch.Tensor  # gate and up projections stacked
     down: torch.Tensor
@@ -46,7 +48,13 @@ class LlamaModel:
                 LayerWeights(
                     input_norm=w(p + "input_layernorm.weight"),
                     qkv=torch.cat([w(p + f"self_attn.{n}_proj.weight") for n in "qkv"]).contiguous(),
+                    qkv_bias=(
+                        torch.cat([w(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
+                        if p + "self_attn.q_proj.bias" in weights
+                        else None
+                    ),
                     o=w(p + "self_attn.o_proj.weight"),
+                    o_bias=w(p + "self_attn.o_proj.bias") if p + "self_attn.o_proj.bias" in weights else None,
                     post_attention_norm=w(p + "post_attention_layernorm.weight"),
                     gate_up=torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]).contiguous(),
                     down=w(p + "mlp.down_proj.weight"),
@@ -60,7 +68,7 @@ class LlamaModel:
         self.weight_bytes = sum(
             t.numel() * t.element_size()
             for t in [self.embed_tokens, self.norm, *([] if config.tie_word_embeddings else [self.lm_head])]
-        ) + sum(t.numel() * t.element_size() for layer in self.layers for t in vars(layer).values())
+        ) + sum(t.numel() * t.element_size() for layer in self.layers for t in vars(layer).values() if t is not None)
 
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Logits [len(batch.logits_rows), vocab] for the rows that are sampled."""
@@ -70,12 +78,12 @@ class LlamaModel:
         x = self.embed_tokens[batch.input_ids]
         for index, layer in enumerate(self.layers):
             h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
-            q, k, v = F.linear(h, layer.qkv).split([q_size, kv_size, kv_size], dim=-1)
+            q, k, v = F.linear(h, layer.qkv, layer.qkv_bias).split([q_size, kv_size, kv_size], dim=-1)
             q = apply_rotary(q.view(-1, c.num_heads, c.head_dim), cos, sin)
             k = apply_rotary(k.view(-1, c.num_kv_heads, c.head_dim), cos, sin)
             v = v.view(-1, c.num_kv_heads, c.head_dim)
             attended = paged_attention(q, k, v, kv.k[index], kv.v[index], batch)
-            x = x + F.linear(attended.view(-1, q_size), layer.o)
+            x = x + F.linear(attended.view(-1, q_size), layer.o, layer.o_bias)
             h = rms_norm(x, layer.post_attention_norm, c.rms_norm_eps)
             gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, layer.down)

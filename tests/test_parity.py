@@ -11,6 +11,7 @@ from engine.errors import EngineError, ErrorCode
 from engine.loader import load_model
 from engine.offline import Completion, collect, generate, make_request, stream
 from engine.sampling_params import SamplingParams
+from k25.tokenizer import load_tokenizer
 from tests.fixtures.parity_prompts import parity_prompt_ids
 from tests.parity import compare, greedy_reference
 
@@ -74,8 +75,8 @@ def check_parity(model, prompts, references, chunk_size, max_chunks, staggered, 
 
 
 @pytest.fixture(scope="module")
-def smollm2_prompts(smollm2):
-    prompts = parity_prompt_ids(smollm2.tokenizer)
+def smollm2_prompts():
+    prompts = parity_prompt_ids(load_tokenizer("smollm2-135m"))
     assert len(prompts) >= 12 and min(map(len, prompts)) == 1 and max(map(len, prompts)) >= 1900
     return prompts
 
@@ -93,21 +94,29 @@ def test_smollm2_matches_transformers(smollm2, smollm2_prompts, smollm2_referenc
         assert engine.num_preemptions > 0, "this mode is sized so that preempted requests must recompute"
 
 
-@pytest.fixture(scope="module")
-def tiny_hf_folder(tmp_path_factory, smollm2):
+def save_random_llama(folder, tokenizer, **overrides):
     """A random Llama with untied embeddings, written by transformers itself (safetensors)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(1234)
-    config = LlamaConfig(
-        vocab_size=smollm2.tokenizer.vocab_size, hidden_size=96, intermediate_size=256, num_hidden_layers=3,
+    settings = dict(
+        vocab_size=tokenizer.vocab_size, hidden_size=96, intermediate_size=256, num_hidden_layers=3,
         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=4096, rope_theta=50000.0,
         tie_word_embeddings=False, initializer_range=0.2,
     )
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
-    smollm2.tokenizer.save(folder)
+    model = LlamaForCausalLM(LlamaConfig(**(settings | overrides)))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(".bias"):  # transformers initialises biases to zero, which would test nothing
+                parameter.normal_(0.0, 0.5)
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_hf_folder(tmp_path_factory, tiny_model):
+    return save_random_llama(tmp_path_factory.mktemp("tiny-llama"), tiny_model.tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -148,3 +157,25 @@ def test_smollm2_streams_chinese_without_broken_characters(smollm2):
     assert "".join(d.text for d in deltas) == tokenizer.decode(tokens)
     assert all("\ufffd" not in d.text for d in deltas)
     assert any("\u4e00" <= ch <= "\u9fff" for d in deltas for ch in d.text), "expected Chinese output"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"attention_bias": True},  # q/k/v/o biases, as Qwen2-style checkpoints carry
+        {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
+        {"rope_scaling": {"rope_type": "linear", "factor": 4.0}},
+    ],
+    ids=["attention-bias", "llama3-rope-scaling", "linear-rope-scaling"],
+)
+def test_checkpoint_variants_match_transformers(tmp_path, tiny_model, smollm2_prompts, overrides):
+    from transformers import LlamaForCausalLM
+
+    folder = save_random_llama(tmp_path, tiny_model.tokenizer, **overrides)
+    prompts = [p for p in smollm2_prompts if len(p) < 600][:6]
+    reference_model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    references = [greedy_reference(reference_model, p, 12) for p in prompts]
+    engine = LLMEngine(load_model(str(folder)), EngineConfig(chunk_size=64, max_chunk_per_gpu=16, max_num_batched_tokens=128))
+    outputs = generate(engine, prompts, SamplingParams(max_tokens=12, ignore_eos=True))
+    for out, ref in zip(outputs, references):
+        compare(out.token_ids, ref)
