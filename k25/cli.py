@@ -11,6 +11,8 @@ import sys
 COMMAND_MODULES = [
     "k25.commands.generate",
     "k25.commands.bench",
+    "k25.commands.simulate",
+    "k25.commands.operator",
 ]
 
 
