@@ -22,7 +22,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from operators.runtime import OperatorConfig, run_operator  # kopf loads only for this command
+    from operators.config import OperatorConfig
+    from operators.runtime import run_operator  # kopf loads only for this command
 
     if not args.interval > 0:
         raise SystemExit("k25 operator: --interval must be positive")

@@ -1,0 +1,73 @@
+"""The engine Deployment of one EnginePool, as a manifest built from the pool's spec."""
+
+from operators.pool_spec import EnginePoolSpec
+
+POOL_LABEL = "k25.io/pool"
+ZMQ_PORT = 5555
+METRICS_PORT = 9100
+# GPU engines load weights for minutes: give the start that long before liveness counts
+STARTUP_PROBE = {"tcpSocket": {"port": ZMQ_PORT}, "periodSeconds": 10, "failureThreshold": 60}
+
+
+def deployment_name(pool_name: str) -> str:
+    return f"{pool_name}-engine"
+
+
+def pod_labels(pool_name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "k25-engine", "app.kubernetes.io/component": "engine", POOL_LABEL: pool_name}
+
+
+def pod_selector(pool_name: str) -> str:
+    return f"{POOL_LABEL}={pool_name}"
+
+
+def engine_args(spec: EnginePoolSpec, pool_name: str, redis_url: str) -> list[str]:
+    args = ["k25", "engine", "--model", spec.model, "--chunk-size", str(spec.chunk_size)]
+    if spec.max_chunk_per_gpu is not None:  # else the engine's hardware profile computes it
+        args += ["--max-chunk-per-gpu", str(spec.max_chunk_per_gpu)]
+    return args + ["--node-type", spec.node_type, "--pool", pool_name, "--zmq-port", str(ZMQ_PORT),
+                   "--metrics-port", str(METRICS_PORT), "--redis-url", redis_url]
+
+
+def owner_reference(pool: dict) -> dict:
+    """Makes the pool the Deployment's controller: deleting the pool deletes the Deployment."""
+    return {"apiVersion": pool["apiVersion"], "kind": pool["kind"], "name": pool["metadata"]["name"],
+            "uid": pool["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+
+
+def build_deployment(pool: dict, spec: EnginePoolSpec, replicas: int, redis_url: str, release: str) -> dict:
+    name = pool["metadata"]["name"]
+    labels = pod_labels(name)
+    resources = {"limits": {"nvidia.com/gpu": str(spec.gpus_per_replica)}} if spec.gpus_per_replica else {}
+    container = {
+        "name": "engine",
+        "image": spec.image,
+        "args": engine_args(spec, name, redis_url),
+        "env": [{"name": "K25_RELEASE", "value": release}],
+        "ports": [{"name": "zmq", "containerPort": ZMQ_PORT}, {"name": "metrics", "containerPort": METRICS_PORT}],
+        "resources": resources,
+        "startupProbe": STARTUP_PROBE,
+        "readinessProbe": {"tcpSocket": {"port": ZMQ_PORT}, "periodSeconds": 5},
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": deployment_name(name),
+            "namespace": pool["metadata"]["namespace"],
+            "labels": labels,
+            "ownerReferences": [owner_reference(pool)],
+        },
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {POOL_LABEL: name}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeSelector": dict(spec.node_selector),
+                    "tolerations": [dict(t) for t in spec.tolerations],
+                    "containers": [container],
+                },
+            },
+        },
+    }

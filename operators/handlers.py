@@ -1,0 +1,112 @@
+"""The kopf handlers: thin glue between Kubernetes events and the pure functions.
+
+- create/resume/update: keep the pool's Deployment as its spec says (the replica count
+  stays the autoscaler's);
+- `kubectl scale enginepool`: set the size now, the autoscaler goes on from it;
+- a timer: read QPS from Redis, decide, scale through the Deployment's scale
+  subresource, report status and conditions.
+- delete: remove the Deployment. The owner reference makes Kubernetes' garbage collector
+  do the same, also when the operator is down; kopf's timer puts a finalizer on each pool
+  anyway, so deleting explicitly costs nothing and does not depend on the collector.
+"""
+
+import dataclasses
+import datetime
+import time
+
+import kopf
+import redis
+
+from k25.redis_keys import QpsReading, pool_qps
+from operators.autoscale_policy import PoolObservation, decide
+from operators.config import OperatorConfig
+from operators.deployment import build_deployment, deployment_name, pod_selector
+from operators.pool_spec import PoolSpecError, parse_pool_spec
+from operators.pool_status import build_status
+
+ENGINE_POOLS = ("k25.io", "v1alpha1", "enginepools")
+
+
+def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
+    on = dict(registry=registry)
+
+    @kopf.on.create(*ENGINE_POOLS, **on)
+    @kopf.on.resume(*ENGINE_POOLS, **on)
+    @kopf.on.update(*ENGINE_POOLS, field="spec", **on)
+    def reconcile_deployment(body, spec, name, namespace, status, memo, patch, logger, **_):
+        pool_spec = _parse_or_report(spec, status, patch)
+        existing = memo.kube.get_deployment(namespace, deployment_name(name))
+        if existing is None:
+            manifest = build_deployment(body, pool_spec, pool_spec.initial_replicas(), config.redis_url, config.release)
+            memo.kube.create_deployment(namespace, manifest)
+            logger.info(f"created Deployment {deployment_name(name)} with {pool_spec.initial_replicas()} replicas")
+            return
+        replicas = existing.get("spec", {}).get("replicas") or 0
+        bounded = min(max(replicas, pool_spec.min_replicas), pool_spec.max_replicas)
+        manifest = build_deployment(body, pool_spec, bounded, config.redis_url, config.release)
+        memo.kube.patch_deployment(namespace, deployment_name(name), {
+            "metadata": {"labels": manifest["metadata"]["labels"],
+                         "ownerReferences": manifest["metadata"]["ownerReferences"]},
+            "spec": {"replicas": bounded, "template": manifest["spec"]["template"]},
+        })
+
+    @kopf.on.update(*ENGINE_POOLS, field="spec.replicas", **on)
+    def scale_by_hand(new, spec, name, namespace, status, memo, patch, logger, **_):
+        if new is None:
+            return
+        pool_spec = _parse_or_report(spec, status, patch)
+        replicas = pool_spec.initial_replicas()
+        memo.kube.scale_deployment(namespace, deployment_name(name), replicas)
+        memo.history = ()  # the autoscaler starts over from this size, a full window before going down
+        logger.info(f"scaled by hand to {replicas} replicas")
+
+    @kopf.on.delete(*ENGINE_POOLS, **on)
+    def delete_deployment(name, namespace, memo, logger, **_):
+        if memo.kube.delete_deployment(namespace, deployment_name(name)):
+            logger.info(f"deleted Deployment {deployment_name(name)}")
+
+    @kopf.timer(*ENGINE_POOLS, interval=config.interval_s, **on)
+    def autoscale(spec, name, namespace, status, memo, patch, logger, **_):
+        try:
+            pool_spec = parse_pool_spec(spec)
+        except PoolSpecError:
+            return  # reconcile_deployment has said why in the conditions
+        deployment = memo.kube.get_deployment(namespace, deployment_name(name))
+        pods = memo.kube.list_pods(namespace, pod_selector(name))
+        now = time.time()
+        decision, reading = None, QpsReading(None, None)
+        if deployment is not None:
+            reading, redis_error = _read_qps(memo.redis, config, name, now)
+            current = deployment.get("spec", {}).get("replicas") or 0
+            ready = deployment.get("status", {}).get("readyReplicas") or 0
+            seen = PoolObservation(now, current, min(ready, current), reading.qps, reading.newest_bucket_age_s)
+            decision = decide(pool_spec.scaling_rules(), seen, getattr(memo, "history", ()))
+            if redis_error:
+                decision = dataclasses.replace(decision, message=f"cannot read QPS from Redis ({redis_error}); "
+                                                                 f"holding the current size")
+            memo.history = decision.history
+            if decision.replicas != current:
+                memo.kube.scale_deployment(namespace, deployment_name(name), decision.replicas)
+                logger.info(f"scaled {current} -> {decision.replicas}: {decision.reason}: {decision.message}")
+        patch.status.update(build_status(name, deployment, pods, reading.qps, decision,
+                                         status.get("conditions", []), _now_iso()))
+
+
+def _parse_or_report(spec, status, patch):
+    try:
+        return parse_pool_spec(spec)
+    except PoolSpecError as error:
+        patch.status["conditions"] = [{"type": "Ready", "status": "False", "reason": "InvalidSpec",
+                                       "message": str(error), "lastTransitionTime": _now_iso()}]
+        raise kopf.PermanentError(str(error)) from error
+
+
+def _read_qps(client, config: OperatorConfig, pool: str, now: float) -> tuple[QpsReading, str | None]:
+    try:
+        return pool_qps(client, config.release, pool, now, window_s=config.qps_window_s), None
+    except redis.RedisError as error:
+        return QpsReading(None, None), str(error) or type(error).__name__
+
+
+def _now_iso() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")

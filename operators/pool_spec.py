@@ -1,0 +1,92 @@
+"""An EnginePool's spec as a typed value, with the defaults and checks of its CRD (the
+API server enforces them too; checking here keeps the operator honest on any server)."""
+
+from dataclasses import dataclass, field
+
+from operators.autoscale_policy import ScalingRules
+
+# KV chunks per GPU by node type (DESIGN.md, Capacity); None: the engine's hardware
+# profile computes it at start
+MAX_CHUNK_PER_GPU = {"A100-40G": 2, "A100-80G": 4, "H100-80G": 8, "H200": None, "CPU": None}
+GPU_TAINT_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+class PoolSpecError(ValueError):
+    """The spec cannot be served; the message says which field and why."""
+
+
+@dataclass(frozen=True)
+class EnginePoolSpec:
+    node_type: str
+    model: str
+    chunk_size: int
+    max_chunk_per_gpu: int | None
+    image: str = "k25:latest"
+    gpus_per_replica: int = 1
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: tuple[dict, ...] = (GPU_TAINT_TOLERATION,)
+    replicas: int | None = None
+    min_replicas: int = 1
+    max_replicas: int = 4
+    target_qps_per_replica: float = 80.0
+    scale_up_window_s: float = 0.0
+    scale_down_window_s: float = 300.0
+
+    def scaling_rules(self) -> ScalingRules:
+        return ScalingRules(min_replicas=self.min_replicas, max_replicas=self.max_replicas,
+                            target_qps_per_replica=self.target_qps_per_replica,
+                            scale_up_window_s=self.scale_up_window_s,
+                            scale_down_window_s=self.scale_down_window_s)
+
+    def initial_replicas(self) -> int:
+        wanted = self.min_replicas if self.replicas is None else self.replicas
+        return min(max(wanted, self.min_replicas), self.max_replicas)
+
+
+def parse_pool_spec(spec: dict) -> EnginePoolSpec:
+    for name in ("nodeType", "model", "chunkSize"):
+        if spec.get(name) in (None, ""):
+            raise PoolSpecError(f"spec.{name} is required")
+    node_type = str(spec["nodeType"])
+    is_cpu = node_type == "CPU"
+    max_chunk = spec.get("maxChunkPerGpu", MAX_CHUNK_PER_GPU.get(node_type))
+    if max_chunk is None and node_type not in MAX_CHUNK_PER_GPU:
+        raise PoolSpecError(f"spec.maxChunkPerGpu is required for node type {node_type!r}, which has no "
+                            f"hardware profile (known: {', '.join(MAX_CHUNK_PER_GPU)})")
+    parsed = EnginePoolSpec(
+        node_type=node_type,
+        model=str(spec["model"]),
+        chunk_size=_integer(spec, "chunkSize", None, least=1),
+        max_chunk_per_gpu=None if max_chunk is None else _integer({"maxChunkPerGpu": max_chunk}, "maxChunkPerGpu",
+                                                                  None, least=1),
+        image=str(spec.get("image") or "k25:latest"),
+        gpus_per_replica=_integer(spec, "gpusPerReplica", 0 if is_cpu else 1, least=0 if is_cpu else 1),
+        node_selector={str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()},
+        tolerations=tuple(spec["tolerations"]) if "tolerations" in spec else (() if is_cpu else (GPU_TAINT_TOLERATION,)),
+        replicas=None if spec.get("replicas") is None else _integer(spec, "replicas", None, least=0),
+        min_replicas=_integer(spec, "minReplicas", 1, least=0),
+        max_replicas=_integer(spec, "maxReplicas", 4, least=1),
+        target_qps_per_replica=_positive(spec, "targetQPSPerReplica", 80.0),
+        scale_up_window_s=_integer(spec, "scaleUpStabilizationSeconds", 0, least=0),
+        scale_down_window_s=_integer(spec, "scaleDownStabilizationSeconds", 300, least=0),
+    )
+    if parsed.min_replicas > parsed.max_replicas:
+        raise PoolSpecError(f"spec.minReplicas ({parsed.min_replicas}) must not exceed "
+                            f"spec.maxReplicas ({parsed.max_replicas})")
+    return parsed
+
+
+def _integer(spec: dict, name: str, default: int | None, least: int) -> int:
+    value = spec.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PoolSpecError(f"spec.{name} must be an integer, got {value!r}")
+    if value < least:
+        raise PoolSpecError(f"spec.{name} must be at least {least}, got {value}")
+    return value
+
+
+def _positive(spec: dict, name: str, default: float) -> float:
+    value = spec.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise PoolSpecError(f"spec.{name} must be a positive number, got {value!r}")
+    return float(value)

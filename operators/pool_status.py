@@ -1,0 +1,76 @@
+"""An EnginePool's status, built from what the cluster shows: the Deployment, its pods,
+the observed QPS and the last scaling decision. Conditions say what is true, including
+that pods cannot be scheduled for lack of GPU nodes."""
+
+from operators.autoscale_policy import ScalingDecision
+from operators.deployment import POOL_LABEL, deployment_name, pod_selector
+
+
+def unschedulable_message(pods: list[dict]) -> str | None:
+    """The scheduler's reason for the first pod it could not place (e.g. "0/3 nodes are
+    available: 3 Insufficient nvidia.com/gpu."), or None when every pod found a node."""
+    for pod in pods:
+        for condition in pod.get("status", {}).get("conditions", []):
+            if (condition.get("type") == "PodScheduled" and condition.get("status") == "False"
+                    and condition.get("reason") == "Unschedulable"):
+                return condition.get("message") or "no node fits the pod"
+    return None
+
+
+def pool_pods(pool_name: str, pods: list[dict]) -> list[dict]:
+    # the API filters by label selector already; filtering again costs nothing and keeps
+    # the status right on servers that do not
+    return [p for p in pods if p.get("metadata", {}).get("labels", {}).get(POOL_LABEL) == pool_name
+            and not p.get("metadata", {}).get("deletionTimestamp")]
+
+
+def build_status(pool_name: str, deployment: dict | None, pods: list[dict], qps: float | None,
+                 decision: ScalingDecision | None, previous: list[dict], now_iso: str) -> dict:
+    pods = pool_pods(pool_name, pods)
+    wanted = (deployment or {}).get("spec", {}).get("replicas", 0) or 0
+    seen = (deployment or {}).get("status", {})
+    ready = seen.get("readyReplicas", 0) or 0
+    stuck = unschedulable_message(pods)
+
+    if deployment is None:
+        ready_condition = ("False", "DeploymentMissing", f"Deployment {deployment_name(pool_name)} does not exist yet")
+    elif stuck:
+        ready_condition = ("False", "Unschedulable", f"{ready} of {wanted} replicas ready; pods wait for a node: {stuck}")
+    elif wanted == 0:
+        ready_condition = ("False", "ScaledToZero", "no replicas requested")
+    elif ready >= wanted:
+        ready_condition = ("True", "AllReplicasReady", f"{ready} of {wanted} replicas ready")
+    else:
+        ready_condition = ("False", "ReplicasStarting", f"{ready} of {wanted} replicas ready")
+    conditions = {
+        "Ready": ready_condition,
+        "Schedulable": ("False", "Unschedulable", stuck) if stuck else ("True", "PodsScheduled", "every pod has a node"),
+    }
+    if decision is not None:
+        conditions["ScalingActive"] = ("False" if decision.lacks_data else "True", decision.reason, decision.message)
+
+    status = {
+        "replicas": seen.get("replicas", 0) or 0,
+        "readyReplicas": ready,
+        "selector": pod_selector(pool_name),
+        "deployment": deployment_name(pool_name),
+        "conditions": _conditions(conditions, previous, now_iso),
+    }
+    if decision is not None:
+        status["desiredReplicas"] = decision.replicas
+    if qps is not None:
+        status["observedQPS"] = round(qps, 2)
+    return status
+
+
+def _conditions(current: dict[str, tuple[str, str, str]], previous: list[dict], now_iso: str) -> list[dict]:
+    """Conditions keep their lastTransitionTime while their status stays the same."""
+    before = {c.get("type"): c for c in previous or []}
+    result = []
+    for kind, (status, reason, message) in current.items():
+        old = before.get(kind, {})
+        since = old.get("lastTransitionTime") if old.get("status") == status and old.get("lastTransitionTime") else now_iso
+        result.append({"type": kind, "status": status, "reason": reason, "message": message,
+                       "lastTransitionTime": since})
+    kept = [c for kind, c in before.items() if kind not in current]  # e.g. ScalingActive between decisions
+    return result + kept
