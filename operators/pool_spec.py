@@ -62,7 +62,7 @@ def parse_pool_spec(spec: dict) -> EnginePoolSpec:
         image=str(spec.get("image") or "k25:latest"),
         gpus_per_replica=_integer(spec, "gpusPerReplica", 0 if is_cpu else 1, least=0 if is_cpu else 1),
         node_selector={str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()},
-        tolerations=tuple(spec["tolerations"]) if "tolerations" in spec else (() if is_cpu else (GPU_TAINT_TOLERATION,)),
+        tolerations=_tolerations(spec) if "tolerations" in spec else (() if is_cpu else (GPU_TAINT_TOLERATION,)),
         replicas=None if spec.get("replicas") is None else _integer(spec, "replicas", None, least=0),
         min_replicas=_integer(spec, "minReplicas", 1, least=0),
         max_replicas=_integer(spec, "maxReplicas", 4, least=1),
@@ -74,6 +74,18 @@ def parse_pool_spec(spec: dict) -> EnginePoolSpec:
         raise PoolSpecError(f"spec.minReplicas ({parsed.min_replicas}) must not exceed "
                             f"spec.maxReplicas ({parsed.max_replicas})")
     return parsed
+
+
+def _tolerations(spec: dict) -> tuple[dict, ...]:
+    tolerations = spec["tolerations"]
+    if not isinstance(tolerations, list) or not all(isinstance(t, dict) for t in tolerations):
+        raise PoolSpecError("spec.tolerations must be a list of tolerations")
+    for toleration in tolerations:
+        if toleration.get("operator", "Equal") not in ("Exists", "Equal"):
+            raise PoolSpecError(f"spec.tolerations: operator must be Exists or Equal, got {toleration['operator']!r}")
+        if toleration.get("effect", "NoSchedule") not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+            raise PoolSpecError(f"spec.tolerations: unknown effect {toleration['effect']!r}")
+    return tuple(tolerations)
 
 
 def _integer(spec: dict, name: str, default: int | None, least: int) -> int:

@@ -1,0 +1,15 @@
+"""The handlers' own error paths, without a cluster."""
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from operators.config import OperatorConfig
+from operators.handlers import _read_qps
+
+
+def test_an_unreachable_redis_reads_as_missing_data_with_the_error():
+    client = redis.Redis(port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))  # nothing listens on port 1
+    reading, error = _read_qps(client, OperatorConfig(), "h100", 1000.0)
+    assert (reading.qps, reading.newest_bucket_age_s) == (None, None)
+    assert error
