@@ -22,7 +22,7 @@ from redis_server import redis_server  # noqa: F401  (fixture)
 from k25.redis_keys import BUCKET_TTL_S, qps_bucket_key
 from operators.config import OperatorConfig
 from operators.kube import KubeApi
-from operators.runtime import build_registry, operator_memo, operator_settings
+from operators.runtime import PEERING_NAME, build_registry, operator_memo, operator_settings
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.kmock(cls=kmock.KubernetesEmulator)]
 
@@ -88,9 +88,9 @@ async def create_pool(cluster, name: str, spec: dict) -> None:
     assert response.status == 200
 
 
-def stored(cluster, resource: str, name: str) -> dict | None:
+def stored(cluster, resource: str, name: str, ns: str | None = NS) -> dict | None:
     try:
-        found = cluster.objects[resource, NS, name]
+        found = cluster.objects[resource, ns, name]
     except KeyError:
         return None
     return None if found.deleted else found.raw
@@ -234,3 +234,55 @@ async def test_kubectl_scale_sets_the_size_within_bounds(cluster, operator):
     await cluster.patch(f"/apis/k25.io/v1alpha1/namespaces/{NS}/enginepools/h100/scale",
                         json={"spec": {"replicas": 40}})
     await wait_for(lambda: replicas(cluster, "h100") == 10, "scaled by hand, up to maxReplicas")
+
+
+class CountingKube(KubeApi):
+    """Counts the writes this operator replica makes."""
+
+    def __init__(self, configuration):
+        super().__init__(configuration)
+        self.writes = 0
+
+    def create_deployment(self, namespace, body):
+        self.writes += 1
+        return super().create_deployment(namespace, body)
+
+    def scale_deployment(self, namespace, name, replicas):
+        self.writes += 1
+        return super().scale_deployment(namespace, name, replicas)
+
+
+async def test_two_operator_replicas_never_fight(cluster, redis_server):
+    """With kopf peering, the replica of lower priority stands by while the other works."""
+    cluster.resources["kopf.dev/v1/clusterkopfpeerings"] = cluster.ResourceInfo(
+        kind="ClusterKopfPeering", namespaced=False, verbs={"list", "watch", "get", "patch"})
+    await cluster.post("/apis/kopf.dev/v1/clusterkopfpeerings", json={
+        "apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering",
+        "metadata": {"name": PEERING_NAME, "resourceVersion": "1"}})
+    config = OperatorConfig(release="test", redis_url=redis_server, interval_s=0.2, qps_window_s=2)
+    url = str(cluster.url).rstrip("/")
+    replicas_, stops, threads = [], [], []
+    for priority in (100, 200):
+        registry = build_registry(config)
+        kopf.on.login(registry=registry)(lambda **_: kopf.ConnectionInfo(server=url))
+        settings = operator_settings()
+        settings.posting.enabled = False
+        kube, stop = CountingKube(kubernetes.client.Configuration(host=url)), threading.Event()
+        thread = threading.Thread(target=asyncio.run, args=(kopf.operator(
+            registry=registry, settings=settings, memo=operator_memo(config, kube), clusterwide=True,
+            peering_name=PEERING_NAME, priority=priority, stop_flag=stop),))
+        thread.start()
+        replicas_.append(kube), stops.append(stop), threads.append(thread)
+    try:
+        low, high = replicas_
+        await wait_for(lambda: len(stored(cluster, "kopf.dev/v1/clusterkopfpeerings", PEERING_NAME, ns=None)
+                                   .get("status", {})) == 2, "both replicas announce themselves")
+        await create_pool(cluster, "h100", H100)
+        set_qps(redis_server, config, "h100", 400)
+        await wait_for(lambda: replicas(cluster, "h100") == 5, "the pool is served and scaled")
+        assert high.writes >= 2 and low.writes == 0
+    finally:
+        for stop in stops:
+            stop.set()
+        while any(t.is_alive() for t in threads):
+            await asyncio.sleep(0.05)
