@@ -27,15 +27,12 @@ def paged_attention(
         rows = slice(seg.start, seg.start + seg.length)
         query = q[rows].transpose(0, 1).unsqueeze(0)  # [1, heads, n, d]
         if seg.context_slots is None:
-            keys, values, mask, causal = k[rows], v[rows], None, True
+            keys, values = k[rows], v[rows]
         else:
-            keys, values, causal = _gather(k_cache, seg.context_slots), _gather(v_cache, seg.context_slots), False
-            context = seg.context_slots.numel()
-            query_positions = torch.arange(context - seg.length, context, device=q.device)
-            mask = torch.arange(context, device=q.device)[None, :] <= query_positions[:, None]
+            keys, values = _gather(k_cache, seg.context_slots), _gather(v_cache, seg.context_slots)
         keys = keys.transpose(0, 1).unsqueeze(0)
         values = values.transpose(0, 1).unsqueeze(0)
-        attended = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, is_causal=causal, enable_gqa=True)
+        attended = F.scaled_dot_product_attention(query, keys, values, attn_mask=seg.mask, is_causal=seg.mask is None, enable_gqa=True)
         out[rows] = attended.squeeze(0).transpose(0, 1)
     return out
 

@@ -2,6 +2,8 @@
 workload, in the same run, plus this machine's fp32 matmul peak as the roofline."""
 
 import random
+import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass
 
@@ -147,3 +149,31 @@ def bench_engine(model: LoadedModel, workload: Workload, config: EngineConfig, r
         reference_tokens_per_s_by_mode=by_mode,
         ratio=engine_tps / by_mode[best_mode],
     )
+
+
+_TIME_OUR_LOAD = """
+import time; t = time.perf_counter()
+from engine.loader import load_model; load_model({model!r})
+print(time.perf_counter() - t)
+"""
+
+_TIME_TRANSFORMERS_LOAD = """
+import os, time; t = time.perf_counter()
+import torch; from transformers import AutoModelForCausalLM
+from k25.model_source import resolve_model
+folder, name = os.path.split(resolve_model({model!r}).path)
+AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+print(time.perf_counter() - t)
+"""
+
+
+def _seconds_in_fresh_process(script: str) -> float:
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def bench_load(model: str, repeats: int) -> dict:
+    """Best-of-`repeats` load time, imports included, each in a fresh process."""
+    ours = min(_seconds_in_fresh_process(_TIME_OUR_LOAD.format(model=model)) for _ in range(repeats))
+    theirs = min(_seconds_in_fresh_process(_TIME_TRANSFORMERS_LOAD.format(model=model)) for _ in range(repeats))
+    return {"model": model, "k25_seconds": ours, "transformers_seconds": theirs, "ratio": theirs / ours}

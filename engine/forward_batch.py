@@ -15,6 +15,7 @@ class PrefillSegment:
     start: int  # first row in the flat token layout
     length: int  # query tokens in this chunk
     context_slots: torch.Tensor | None  # KV slots of positions [0, end); None when the chunk is the whole context
+    mask: torch.Tensor | None  # [length, end] True where query i may see key j; None: plain causal
 
 
 @dataclass
@@ -51,8 +52,12 @@ def build_forward_batch(items: list[tuple[Sequence, int]], block_size: int, devi
             decode_tables.append(table)
             decode_lengths.append(end_pos)
         else:
-            context = None if start_pos == 0 else _slots(table, torch.arange(end_pos), block_size).to(device)
-            prefills.append(PrefillSegment(start=row, length=n, context_slots=context))
+            if start_pos == 0:
+                prefills.append(PrefillSegment(start=row, length=n, context_slots=None, mask=None))
+            else:
+                context = _slots(table, torch.arange(end_pos), block_size).to(device)
+                mask = torch.arange(end_pos)[None, :] <= seq_positions[:, None]
+                prefills.append(PrefillSegment(start=row, length=n, context_slots=context, mask=mask.to(device)))
         if end_pos == seq.num_tokens:
             logits_rows.append(row + n - 1)
             sampled.append(seq)

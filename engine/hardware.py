@@ -1,31 +1,26 @@
 """Node-type profiles and the check that weights plus the KV cache fit the memory budget."""
 
-from dataclasses import dataclass
-
 from engine.errors import EngineConfigError
 
 GIB = 1 << 30
 
 
-@dataclass(frozen=True)
-class NodeProfile:
-    memory_bytes: int | None  # per GPU; None for the CPU (its budget is configured)
-    default_max_chunk_per_gpu: int | None  # None: the largest that fits
-
-NODE_PROFILES = {
-    "a100-40g": NodeProfile(40 * GIB, 2),
-    "a100-80g": NodeProfile(80 * GIB, 4),
-    "h100-80g": NodeProfile(80 * GIB, 8),
-    "h200": NodeProfile(141 * 10**9, None),
-    "cpu": NodeProfile(None, None),
+# max_chunk_per_gpu of each GPU node type; None: the largest that fits the device's memory budget
+DEFAULT_MAX_CHUNK_PER_GPU: dict[str, int | None] = {
+    "a100-40g": 2,
+    "a100-80g": 4,
+    "h100-80g": 8,
+    "h200": None,
+    "cpu": None,
 }
 
 
-def node_profile(node_type: str) -> NodeProfile:
+def default_max_chunk_per_gpu(node_type: str) -> int | None:
     try:
-        return NODE_PROFILES[node_type.lower()]
+        return DEFAULT_MAX_CHUNK_PER_GPU[node_type.lower()]
     except KeyError:
-        raise EngineConfigError(f"unknown node type {node_type!r}; known: {', '.join(NODE_PROFILES)}") from None
+        known = ", ".join(DEFAULT_MAX_CHUNK_PER_GPU)
+        raise EngineConfigError(f"unknown node type {node_type!r}; known: {known}") from None
 
 
 def largest_max_chunk_per_gpu(budget_bytes: int, weight_bytes: int, reserve_bytes: int, chunk_kv_bytes: int) -> int:
@@ -37,7 +32,7 @@ def resolve_max_chunk_per_gpu(
 ) -> int:
     """The `max_chunk_per_gpu` to run with; raises if weights plus that much KV do not fit."""
     largest = largest_max_chunk_per_gpu(budget_bytes, weight_bytes, reserve_bytes, chunk_kv_bytes)
-    wanted = requested if requested is not None else node_profile(node_type).default_max_chunk_per_gpu
+    wanted = requested if requested is not None else default_max_chunk_per_gpu(node_type)
     if wanted is None:
         wanted = largest
     if wanted < 1 or wanted > largest:

@@ -16,9 +16,8 @@ from engine.rope import RotaryEmbedding, apply_rotary
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    x32 = x.float()
-    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * normed.to(x.dtype)
+    """Normalised in fp32 whatever the activation dtype, then scaled (as Hugging Face's LlamaRMSNorm)."""
+    return weight * F.rms_norm(x.float(), x.shape[-1:], eps=eps).to(x.dtype)
 
 
 @dataclass
@@ -78,10 +77,10 @@ class LlamaModel:
         x = self.embed_tokens[batch.input_ids]
         for index, layer in enumerate(self.layers):
             h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
-            q, k, v = F.linear(h, layer.qkv, layer.qkv_bias).split([q_size, kv_size, kv_size], dim=-1)
-            q = apply_rotary(q.view(-1, c.num_heads, c.head_dim), cos, sin)
-            k = apply_rotary(k.view(-1, c.num_kv_heads, c.head_dim), cos, sin)
-            v = v.view(-1, c.num_kv_heads, c.head_dim)
+            qk, v = F.linear(h, layer.qkv, layer.qkv_bias).split([q_size + kv_size, kv_size], dim=-1)
+            qk = apply_rotary(qk.reshape(-1, c.num_heads + c.num_kv_heads, c.head_dim), cos, sin)
+            q, k = qk.split([c.num_heads, c.num_kv_heads], dim=1)
+            v = v.reshape(-1, c.num_kv_heads, c.head_dim)
             attended = paged_attention(q, k, v, kv.k[index], kv.v[index], batch)
             x = x + F.linear(attended.view(-1, q_size), layer.o, layer.o_bias)
             h = rms_norm(x, layer.post_attention_norm, c.rms_norm_eps)

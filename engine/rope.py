@@ -36,17 +36,16 @@ class RotaryEmbedding:
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None, device, dtype):
         inv_freq = inverse_frequencies(head_dim, theta, scaling)
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-        angles = torch.cat([angles, angles], dim=-1)
+        # Hugging Face repeats the angles for both halves of the head; one half is all we need
         self.cos = angles.cos().to(device=device, dtype=dtype)
         self.sin = angles.sin().to(device=device, dtype=dtype)
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin for `positions`, shaped [tokens, 1, head_dim] to broadcast over heads."""
+        """cos and sin for `positions`, shaped [tokens, 1, head_dim / 2] to broadcast over heads."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [tokens, heads, head_dim]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    """x: [tokens, heads, head_dim], rotating the pairs (i, i + head_dim / 2) as Hugging Face does."""
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)

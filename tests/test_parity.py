@@ -157,3 +157,25 @@ def test_smollm2_streams_chinese_without_broken_characters(smollm2):
     # only a stream cut by max_tokens inside a character may end with the replacement character
     assert all("\ufffd" not in d.text for d in deltas[:-1])
     assert sum("\u4e00" <= ch <= "\u9fff" for d in deltas for ch in d.text) >= 5, "expected Chinese output"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"attention_bias": True},  # q/k/v/o biases, as Qwen2-style checkpoints carry
+        {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
+        {"rope_scaling": {"rope_type": "linear", "factor": 4.0}},
+    ],
+    ids=["attention-bias", "llama3-rope-scaling", "linear-rope-scaling"],
+)
+def test_checkpoint_variants_match_transformers(tmp_path, tiny_model, smollm2_prompts, overrides):
+    from transformers import LlamaForCausalLM
+
+    folder = save_random_llama(tmp_path, tiny_model.tokenizer, **overrides)
+    prompts = [p for p in smollm2_prompts if len(p) < 600][:6]
+    reference_model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    references = [greedy_reference(reference_model, p, 12) for p in prompts]
+    engine = LLMEngine(load_model(str(folder)), EngineConfig(chunk_size=64, max_chunk_per_gpu=16, max_num_batched_tokens=128))
+    outputs = generate(engine, prompts, SamplingParams(max_tokens=12, ignore_eos=True))
+    for out, ref in zip(outputs, references):
+        compare(out.token_ids, ref)

@@ -25,6 +25,16 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.set_defaults(handler=run_engine_bench)
 
+    p = kinds.add_parser(
+        "load",
+        help="model load time: our loader vs transformers on the same GGUF file",
+        description="Loads the model in fresh processes, best of --repeats, ours and transformers' side by side.",
+    )
+    p.add_argument("--model", default="smollm2-135m", help="a model name or .gguf path")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=run_load_bench)
+
 
 def run_engine_bench(args: argparse.Namespace) -> int:
     from engine.bench import bench_engine, make_workload
@@ -47,4 +57,17 @@ def run_engine_bench(args: argparse.Namespace) -> int:
         f"roofline       {result.roofline_fraction:8.2f}  (engine {result.engine_flops_per_s / 1e9:.1f} GFLOP/s "
         f"of a {result.matmul_peak_flops_per_s / 1e9:.1f} GFLOP/s fp32 matmul peak)"
     )
+    return 0
+
+
+def run_load_bench(args: argparse.Namespace) -> int:
+    from engine.bench import bench_load
+
+    result = bench_load(args.model, args.repeats)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"k25 loader     {result['k25_seconds']:6.2f} s  (best of {args.repeats}, fresh process each)")
+    print(f"transformers   {result['transformers_seconds']:6.2f} s  (AutoModelForCausalLM.from_pretrained(gguf_file=...), fp32)")
+    print(f"ratio          {result['ratio']:6.1f}x faster")
     return 0
