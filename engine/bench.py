@@ -8,6 +8,7 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
+from tqdm import tqdm
 
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
@@ -53,9 +54,10 @@ def run_engine(model: LoadedModel, workload: Workload, config: EngineConfig) -> 
     """Seconds for the engine to finish every request, all submitted at once."""
     engine = LLMEngine(model, config)
     params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in workload.max_tokens]
-    start = time.perf_counter()
-    completions = generate(engine, workload.prompts, params)
-    elapsed = time.perf_counter() - start
+    with tqdm(total=len(params), desc="engine", unit="req", file=sys.stderr) as bar:
+        start = time.perf_counter()
+        completions = generate(engine, workload.prompts, params, on_finish=lambda _: bar.update())
+        elapsed = time.perf_counter() - start
     produced = sum(len(c.token_ids) for c in completions)
     if produced != workload.generated_tokens:
         raise RuntimeError(f"engine produced {produced} tokens, expected {workload.generated_tokens}")
@@ -85,8 +87,9 @@ def reference_model(model: LoadedModel):
 def run_reference(reference, workload: Workload, batch_size: int, pad_token_id: int) -> float:
     """Seconds for transformers `generate()` over the workload in static, left-padded batches."""
     start = time.perf_counter()
+    batches = range(0, len(workload.prompts), batch_size)
     with torch.inference_mode():
-        for first in range(0, len(workload.prompts), batch_size):
+        for first in tqdm(batches, desc=f"transformers, batch {batch_size}", unit="batch", file=sys.stderr):
             prompts = workload.prompts[first : first + batch_size]
             new_tokens = max(workload.max_tokens[first : first + batch_size])
             width = max(map(len, prompts))

@@ -1,7 +1,7 @@
 """Running the engine in-process, without a server: the CLI, benchmarks and tests use this."""
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from engine.engine import EngineRequest, LLMEngine, RequestOutput
@@ -44,15 +44,27 @@ def collect(completions: dict[str, Completion], outputs: list[RequestOutput]) ->
             c.finish_reason, c.last = out.finish_reason, out
 
 
-def generate(engine: LLMEngine, prompts: list[list[int]], sampling: SamplingParams | list[SamplingParams]) -> list[Completion]:
+def generate(
+    engine: LLMEngine,
+    prompts: list[list[int]],
+    sampling: SamplingParams | list[SamplingParams],
+    on_finish: Callable[[Completion], None] | None = None,
+) -> list[Completion]:
     """Submit all prompts at once and run the engine until every one has finished."""
     params = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
     requests = [make_request(engine, p, s) for p, s in zip(prompts, params)]
     completions = {r.request_id: Completion(r.request_id) for r in requests}
     for request in requests:
         engine.add_request(request)
-    while any(c.finish_reason is None for c in completions.values()):
-        collect(completions, engine.step())
+    unfinished = len(requests)
+    while unfinished:
+        outputs = engine.step()
+        collect(completions, outputs)
+        for out in outputs:
+            if out.finished:
+                unfinished -= 1
+                if on_finish is not None:
+                    on_finish(completions[out.request_id])
     return [completions[r.request_id] for r in requests]
 
 
