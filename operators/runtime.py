@@ -20,7 +20,8 @@ PEERING_NAME = "k25-operator"
 def operator_settings(settings: kopf.OperatorSettings | None = None) -> kopf.OperatorSettings:
     settings = settings or kopf.OperatorSettings()
     settings.posting.level = logging.WARNING  # Kubernetes events only for what needs a human
-    settings.persistence.finalizer = "k25.io/operator"  # unused while no handler needs one
+    # the timer and the delete handler make kopf keep a finalizer on each pool
+    settings.persistence.finalizer = "k25.io/operator"
     return settings
 
 

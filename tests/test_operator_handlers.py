@@ -13,3 +13,12 @@ def test_an_unreachable_redis_reads_as_missing_data_with_the_error():
     reading, error = _read_qps(client, OperatorConfig(), "h100", 1000.0)
     assert (reading.qps, reading.newest_bucket_age_s) == (None, None)
     assert error
+
+
+def test_operator_command_refuses_a_non_positive_interval():
+    import pytest
+
+    from k25.cli import main
+
+    with pytest.raises(SystemExit, match="--interval"):
+        main(["operator", "--interval", "0"])
