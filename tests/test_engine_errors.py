@@ -198,3 +198,18 @@ def test_unknown_node_type_and_bad_block_geometry_are_refused(tiny_model):
 def test_node_type_defaults(tiny_model):
     assert LLMEngine(tiny_model, EngineConfig(chunk_size=32, node_type="a100-40g", cpu_memory_budget_gib=1)).max_chunk_per_gpu == 2
     assert LLMEngine(tiny_model, EngineConfig(chunk_size=32, node_type="h100-80g", cpu_memory_budget_gib=1)).max_chunk_per_gpu == 8
+
+
+def test_a_failing_step_fails_its_requests_with_internal_and_the_engine_recovers(engine, monkeypatch):
+    request = make_request(engine, prompt(12), SamplingParams(max_tokens=4))
+    engine.add_request(request)
+
+    def broken_forward(batch, kv):
+        raise RuntimeError("simulated device fault")
+
+    monkeypatch.setattr(engine.model, "forward", broken_forward)
+    [out] = engine.step()
+    assert out.request_id == request.request_id and out.finish_reason is FinishReason.ERROR
+    assert out.error.code is ErrorCode.INTERNAL and "simulated device fault" in out.error.message
+    monkeypatch.undo()
+    assert_still_serving(engine)
