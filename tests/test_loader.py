@@ -19,6 +19,7 @@ from engine.loader import TINY_CONFIG, expected_shapes, load_model, tiny_weights
 from engine.model_config import ModelConfig
 from k25.gguf_file import BLOCK_LAYOUT, GGUFError, GGUFFile, TensorType
 from k25.model_source import ModelLoadError, resolve_model
+from tests.gguf_metadata import add_metadata
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -70,15 +71,7 @@ def write_gguf(path, config: ModelConfig, weights: dict, tokenizer_md: dict, *, 
     writer.add_rope_dimension_count(config.head_dim)
     for key, (value, vtype) in (extra_kv or {}).items():  # after the standard keys, so these win
         writer.add_key_value(key, value, vtype)
-    for key, value in tokenizer_md.items():
-        if isinstance(value, str):
-            writer.add_string(key, value)
-        elif isinstance(value, bool):
-            writer.add_bool(key, value)
-        elif isinstance(value, int):
-            writer.add_uint32(key, value)
-        else:
-            writer.add_array(key, value.tolist() if isinstance(value, np.ndarray) else value)
+    add_metadata(writer, tokenizer_md)
     for name, tensor in weights.items():
         w = tensor.numpy()
         if arch == "llama" and ".q_proj." in name:

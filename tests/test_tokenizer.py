@@ -6,7 +6,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 from gguf import GGUFWriter
 from tokenizers import pre_tokenizers
@@ -15,6 +14,7 @@ from k25.gguf_file import GGUFFile
 
 from k25.model_source import ModelLoadError
 from k25.tokenizer import IncrementalDetokenizer, Tokenizer, load_tokenizer
+from tests.gguf_metadata import add_metadata
 
 TEXTS = [
     "Hello, world! How are you doing today?",
@@ -217,15 +217,7 @@ def write_tokenizer_gguf(path, source_gguf, **overrides) -> str:
     md = {k: v for k, v in GGUFFile(source_gguf).metadata.items() if k.startswith("tokenizer.")}
     md |= {f"tokenizer.ggml.{k}": v for k, v in overrides.items()}
     writer = GGUFWriter(str(path), "llama")
-    for key, value in md.items():
-        if isinstance(value, str):
-            writer.add_string(key, value)
-        elif isinstance(value, bool):
-            writer.add_bool(key, value)
-        elif isinstance(value, int):
-            writer.add_uint32(key, value)
-        else:
-            writer.add_array(key, value.tolist() if isinstance(value, np.ndarray) else value)
+    add_metadata(writer, md)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
