@@ -20,7 +20,7 @@ run: $(STAMP)
 	$(BIN)/k25 generate --chat "What is a paged KV cache?"
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra --durations=15
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -m "not slow"

@@ -4,6 +4,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # runs the engine and transformers in a subprocess
+
 
 def test_bench_engine_json_has_the_promised_figures():
     result = subprocess.run(

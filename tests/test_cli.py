@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # each test starts Python processes that load a model
+
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.offline import generate
