@@ -8,8 +8,16 @@ Per-pool request counts live in one counter per epoch second:
 The gateway adds to the current second's bucket for every request it routes to a pool,
 and at least once a second per pool even when idle (`count=0`), so that a quiet pool
 reads as 0 QPS rather than as missing data. Several gateways add to the same buckets.
+
+Engines register themselves with a heartbeat:
+
+    {release}:engine:{engine_id}          JSON object, expires after the engine's TTL
+
+The engine rewrites it every second or so; a key that has expired is an engine that is
+gone. `live_engines` is how a gateway reads them all.
 """
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -62,3 +70,36 @@ def pool_qps(redis, release: str, pool: str, now: float, window_s: int = 10) -> 
         qps=sum(in_window) / len(in_window) if in_window else None,
         newest_bucket_age_s=None if newest is None else max(0.0, now - newest),
     )
+
+
+def engine_key(release: str, engine_id: str) -> str:
+    return f"{release}:engine:{engine_id}"
+
+
+def register_engine(redis, release: str, engine_id: str, entry: dict, ttl_s: float) -> None:
+    """Write (or refresh) an engine's registry entry; it disappears `ttl_s` after the last write."""
+    redis.set(engine_key(release, engine_id), json.dumps(entry), px=max(1, int(ttl_s * 1000)))
+
+
+def unregister_engine(redis, release: str, engine_id: str) -> None:
+    redis.delete(engine_key(release, engine_id))
+
+
+def live_engines(redis, release: str) -> dict[str, dict]:
+    """Every engine whose heartbeat has not expired: engine_id -> its registry entry."""
+    prefix = engine_key(release, "")
+    keys = sorted(redis.scan_iter(match=prefix + "*", count=1000))
+    if not keys:
+        return {}
+    engines = {}
+    for key, value in zip(keys, redis.mget(keys)):
+        if value is None:  # expired between SCAN and MGET
+            continue
+        try:
+            entry = json.loads(value)
+        except ValueError:
+            continue
+        if isinstance(entry, dict):
+            name = key.decode() if isinstance(key, bytes) else key
+            engines[name[len(prefix) :]] = entry
+    return engines

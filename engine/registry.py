@@ -1,0 +1,46 @@
+"""What an engine tells the registry about itself: fixed facts plus a snapshot of its load."""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """Facts about an engine that do not change while it runs."""
+
+    engine_id: str
+    address: str  # host:port the gateway dials (a DEALER connects to tcp://{address})
+    pool: str
+    node_type: str
+    model: str
+    chunk_size: int
+    max_chunk_per_gpu: int
+    capacity_tokens: int
+    max_model_len: int  # prompt + max_tokens of one request may not exceed this
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """The engine's load, as the server loop last saw it."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0  # fraction of KV blocks in use
+    preemptions: int = 0
+
+
+def registry_entry(profile: EngineProfile, stats: EngineStats, adapters: list[str] | None = None) -> dict:
+    return {
+        "engine_id": profile.engine_id,
+        "address": profile.address,
+        "pool": profile.pool,
+        "node_type": profile.node_type,
+        "model": profile.model,
+        "chunk_size": profile.chunk_size,
+        "max_chunk_per_gpu": profile.max_chunk_per_gpu,
+        "capacity_tokens": profile.capacity_tokens,
+        "max_model_len": profile.max_model_len,
+        "free_kv_fraction": round(1.0 - stats.kv_usage, 6),
+        "running": stats.running,
+        "waiting": stats.waiting,
+        "adapters": list(adapters or []),
+    }
