@@ -17,12 +17,12 @@ def paged_attention(
     k_cache.index_copy_(0, batch.slot_mapping, k)
     v_cache.index_copy_(0, batch.slot_mapping, v)
     out = torch.empty_like(q)
-    if batch.decode_rows.numel():
-        query = q.index_select(0, batch.decode_rows).unsqueeze(2)  # [B, heads, 1, d]
-        keys = _gather(k_cache, batch.decode_context_slots).transpose(1, 2)  # [B, kv_heads, L, d]
-        values = _gather(v_cache, batch.decode_context_slots).transpose(1, 2)
-        attended = F.scaled_dot_product_attention(query, keys, values, attn_mask=batch.decode_mask, enable_gqa=True)
-        out.index_copy_(0, batch.decode_rows, attended.squeeze(2))
+    for group in batch.decode_groups:
+        query = q.index_select(0, group.rows).unsqueeze(2)  # [B, heads, 1, d]
+        keys = _gather(k_cache, group.context_slots).transpose(1, 2)  # [B, kv_heads, L, d]
+        values = _gather(v_cache, group.context_slots).transpose(1, 2)
+        attended = F.scaled_dot_product_attention(query, keys, values, attn_mask=group.mask, enable_gqa=True)
+        out.index_copy_(0, group.rows, attended.squeeze(2))
     for seg in batch.prefills:
         rows = slice(seg.start, seg.start + seg.length)
         query = q[rows].transpose(0, 1).unsqueeze(0)  # [1, heads, n, d]
