@@ -8,6 +8,8 @@ import threading
 from collections.abc import Callable
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from k25.redis_keys import register_engine, unregister_engine
 
@@ -15,6 +17,11 @@ log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_TTL_S = 5.0
+
+
+def registry_client(url: str, timeout_s: float = 2.0) -> redis.Redis:
+    """A client that fails fast: the heartbeat retries on its own clock, not inside one beat."""
+    return redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0))
 
 
 class Heartbeat:

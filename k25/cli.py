@@ -13,6 +13,7 @@ COMMAND_MODULES = [
     "k25.commands.bench",
     "k25.commands.simulate",
     "k25.commands.operator",
+    "k25.commands.engine",
 ]
 
 

@@ -4,10 +4,9 @@ import json
 import logging
 
 import pytest
-import redis
 from redis_server import free_port, redis_client, redis_server  # noqa: F401  (fixtures)
 
-from engine.heartbeat import Heartbeat
+from engine.heartbeat import Heartbeat, registry_client
 from engine.registry import EngineProfile, EngineStats, registry_entry
 from k25.redis_keys import engine_key, live_engines
 
@@ -49,14 +48,14 @@ def test_live_engines_skips_other_releases_and_unreadable_entries(redis_client):
 
 
 def test_redis_down_is_logged_once_and_the_heartbeat_recovers(redis_server, caplog):
-    dead = redis.Redis(port=free_port(), socket_connect_timeout=1, socket_timeout=1)
+    dead = registry_client(f"redis://127.0.0.1:{free_port()}/0")
     heartbeat = Heartbeat(dead, "k25", "e1", lambda: {"address": "a:1"}, interval_s=1, ttl_s=5)
     with caplog.at_level(logging.WARNING, logger="engine.heartbeat"):
         assert not heartbeat.beat()
         assert not heartbeat.beat()
     assert len([r for r in caplog.records if "unreachable" in r.message]) == 1
 
-    heartbeat.client = redis.Redis.from_url(redis_server)  # Redis is back
+    heartbeat.client = registry_client(redis_server)  # Redis is back
     assert heartbeat.beat()
     assert not heartbeat.redis_down
 

@@ -1,0 +1,58 @@
+"""The engine's Prometheus metrics, served on a small HTTP port beside its ZMQ port.
+
+Each engine owns its registry (not prometheus_client's global one), so that several
+servers in one process, as in tests, never collide."""
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from engine.registry import EngineStats
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_INTER_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class EngineMetrics:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.running = Gauge("k25_engine_running_requests", "Requests the scheduler is running", registry=r)
+        self.waiting = Gauge("k25_engine_waiting_requests", "Requests queued for a first step", registry=r)
+        self.kv_usage = Gauge("k25_engine_kv_usage_ratio", "Fraction of KV cache blocks in use (0..1)", registry=r)
+        self.time_to_first_token = Histogram(
+            "k25_engine_time_to_first_token_seconds", "Admission to first generated token", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.inter_token_latency = Histogram(
+            "k25_engine_inter_token_latency_seconds", "Time between consecutive tokens of a request",
+            buckets=_INTER_TOKEN_BUCKETS, registry=r,
+        )
+        self.request_duration = Histogram(
+            "k25_engine_request_duration_seconds", "Admission to the final message", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.preemptions = Counter("k25_engine_preemptions", "Sequences preempted to free KV blocks", registry=r)
+        self.requests_finished = Counter(
+            "k25_engine_requests_finished", "Requests that ended, by finish reason", ["finish_reason"], registry=r
+        )
+        self.request_errors = Counter(
+            "k25_engine_request_errors", "Requests (or frames) answered with an Error, by code", ["code"], registry=r
+        )
+        self._preemptions_seen = 0
+        self._http = None
+
+    def update_load(self, stats: EngineStats) -> None:
+        self.running.set(stats.running)
+        self.waiting.set(stats.waiting)
+        self.kv_usage.set(stats.kv_usage)
+        if stats.preemptions > self._preemptions_seen:
+            self.preemptions.inc(stats.preemptions - self._preemptions_seen)
+            self._preemptions_seen = stats.preemptions
+
+    def serve(self, port: int, address: str = "0.0.0.0") -> int:
+        """Serve /metrics on `port` (0: a free one); returns the port."""
+        self._http, _ = start_http_server(port, address, registry=self.registry)
+        return self._http.server_port
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None

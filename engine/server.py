@@ -1,0 +1,234 @@
+"""The engine's ZMQ server: a ROUTER socket that feeds LLMEngine's loop and streams back.
+
+Wire (see proto/k25.proto): a client (a gateway's DEALER) sends one frame, a serialized
+ClientMessage; the ROUTER sees [identity, payload]. For `generate` the client receives
+TokenDeltas and then exactly one Final or Error with the same request_id; a refusal is
+one Error at once. `cancel` of a running request ends it in the same loop turn (its KV
+blocks are freed) and answers with a Final whose finish_reason is ABORT; a cancel for a
+request that has already finished, or that another peer sent, is ignored. A frame that
+is not [identity, ClientMessage] is answered with an Error INVALID_ARGUMENT (request_id
+empty when it could not be read). A peer that disconnects has its requests aborted.
+On shutdown every request still running is answered with an Error CANCELLED.
+
+One thread runs `serve`: it blocks on the socket while the engine is idle, and between
+steps only looks for frames without waiting. Outputs wait in an Outbox when a peer's
+queue is full; past `max_pending_messages` the engine stops stepping until they drain,
+so a slow reader costs memory up to a bound, never a busy loop."""
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import zmq
+
+from engine.engine import LLMEngine, RequestOutput
+from engine.errors import EngineError, ErrorCode
+from engine.metrics import EngineMetrics
+from engine.outbox import Outbox
+from engine.registry import EngineStats
+from engine.wire import decode_client_message, error_message, messages_from_output, request_from_proto, request_id_of
+from proto import k25_pb2
+
+log = logging.getLogger(__name__)
+
+# malformed frames logged one by one before the log only notes every LOG_EVERY_MALFORMED-th
+LOG_FIRST_MALFORMED = 10
+LOG_EVERY_MALFORMED = 1000
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    port: int = 5555  # 0: any free port (see EngineServer.port)
+    bind_host: str = "*"
+    sndhwm: int = 5000
+    rcvhwm: int = 5000
+    linger_ms: int = 1000
+    idle_poll_ms: int = 100  # how long the loop waits for frames when the engine has nothing to do
+    send_retry_ms: int = 10  # how long it waits before retrying peers whose queues were full
+    max_frames_per_step: int = 256  # frames read between two engine steps
+    max_pending_messages: int = 5000  # unsent messages beyond which the engine pauses
+
+
+@dataclass
+class _Route:
+    """Where a running request's outputs go, and when it last produced a token."""
+
+    identity: bytes
+    admitted_at: float
+    last_token_at: float | None = None
+
+
+class EngineServer:
+    def __init__(self, engine: LLMEngine, settings: ServerSettings = ServerSettings(), metrics: EngineMetrics | None = None):
+        self.engine = engine
+        self.settings = settings
+        self.metrics = metrics or EngineMetrics()
+        self._context = zmq.Context()
+        self.socket = self._context.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.SNDHWM, settings.sndhwm)
+        self.socket.setsockopt(zmq.RCVHWM, settings.rcvhwm)
+        self.socket.setsockopt(zmq.LINGER, settings.linger_ms)
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        try:
+            self.socket.bind(f"tcp://{settings.bind_host}:{settings.port}")
+        except zmq.ZMQError:
+            self.socket.close(linger=0)
+            self._context.term()
+            raise
+        self.port = int(self.socket.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
+        self._outbox = Outbox(self.socket)
+        self._routes: dict[str, _Route] = {}
+        self.malformed_frames = 0
+        self.stats = EngineStats()
+        self._publish_stats()
+
+    # --- the loop -----------------------------------------------------------------------
+
+    def serve(self, stop: threading.Event) -> None:
+        log.info("engine server listening on tcp://%s:%d", self.settings.bind_host, self.port)
+        while not stop.is_set():
+            self.run_once()
+
+    def run_once(self) -> None:
+        if self._can_step():
+            timeout_ms = 0
+        elif self._outbox.pending:
+            timeout_ms = self.settings.send_retry_ms
+        else:
+            timeout_ms = self.settings.idle_poll_ms
+        if self.socket.poll(timeout_ms, zmq.POLLIN):
+            self._receive()
+        if self._can_step():
+            self._dispatch(self.engine.step())
+        # published before sending, so that a client that has a step's output also sees its load
+        self._publish_stats()
+        gone = self._outbox.flush()
+        for identity in gone:
+            self._peer_gone(identity)
+        if gone:
+            self._publish_stats()
+
+    def _can_step(self) -> bool:
+        return self.engine.has_unfinished() and self._outbox.pending < self.settings.max_pending_messages
+
+    def _publish_stats(self) -> None:
+        # one immutable snapshot: the heartbeat thread reads it without touching the engine
+        self.stats = EngineStats(
+            running=self.engine.num_running,
+            waiting=self.engine.num_waiting,
+            kv_usage=self.engine.kv_usage,
+            preemptions=self.engine.num_preemptions,
+        )
+        self.metrics.update_load(self.stats)
+
+    # --- frames in ----------------------------------------------------------------------
+
+    def _receive(self) -> None:
+        for _ in range(self.settings.max_frames_per_step):
+            try:
+                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._handle(frames)
+
+    def _handle(self, frames: list[bytes]) -> None:
+        identity, request_id = frames[0], ""
+        try:
+            if len(frames) != 2:
+                raise EngineError(ErrorCode.INVALID_ARGUMENT, f"expected one ClientMessage frame, got {len(frames) - 1} frames")
+            message = decode_client_message(frames[1])
+            request_id = request_id_of(message)
+            if message.WhichOneof("kind") == "generate":
+                self._admit(identity, message.generate)
+            else:
+                self._cancel(identity, message.cancel.request_id)
+        except EngineError as error:
+            if error.code is ErrorCode.INVALID_ARGUMENT:
+                self._log_malformed(identity, error)
+            else:
+                log.debug("refused %r: %s", request_id, error)
+            self._refuse(identity, request_id, error)
+        except Exception as exc:  # a bug handling one frame must not stop the server
+            log.exception("failed to handle a frame from peer %s", identity.hex())
+            self._refuse(identity, request_id, EngineError(ErrorCode.INTERNAL, f"engine server error: {exc}"))
+
+    def _admit(self, identity: bytes, request: k25_pb2.GenerateRequest) -> None:
+        if request.adapter.name:
+            raise EngineError(
+                ErrorCode.ADAPTER_NOT_FOUND,
+                f"adapter {request.adapter.name!r} version {request.adapter.version!r} is not loaded on this engine",
+            )
+        self.engine.add_request(request_from_proto(request))
+        self._routes[request.request_id] = _Route(identity, time.monotonic())
+
+    def _cancel(self, identity: bytes, request_id: str) -> None:
+        route = self._routes.get(request_id)
+        if route is None or route.identity != identity:
+            log.debug("cancel of %r ignored: no such request from this peer", request_id)
+            return
+        output = self.engine.abort(request_id)
+        if output is None:
+            del self._routes[request_id]
+            return
+        self._dispatch([output])
+
+    def _log_malformed(self, identity: bytes, error: EngineError) -> None:
+        self.malformed_frames += 1
+        n = self.malformed_frames
+        if n <= LOG_FIRST_MALFORMED or n % LOG_EVERY_MALFORMED == 0:
+            log.warning("invalid frame from peer %s (%d so far): %s", identity.hex(), n, error.message)
+
+    # --- messages out -------------------------------------------------------------------
+
+    def _refuse(self, identity: bytes, request_id: str, error: EngineError) -> None:
+        self.metrics.request_errors.labels(code=error.code.value).inc()
+        self._outbox.put(identity, error_message(request_id, error).SerializeToString())
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        now = time.monotonic()
+        for output in outputs:
+            route = self._routes.get(output.request_id)
+            if route is None:
+                continue
+            if output.token_ids:
+                if route.last_token_at is None:
+                    self.metrics.time_to_first_token.observe(now - route.admitted_at)
+                else:
+                    self.metrics.inter_token_latency.observe(now - route.last_token_at)
+                route.last_token_at = now
+            if output.finished:
+                del self._routes[output.request_id]
+                self._count_finished(output, now - route.admitted_at)
+            for message in messages_from_output(output):
+                self._outbox.put(route.identity, message.SerializeToString())
+
+    def _count_finished(self, output: RequestOutput, duration_s: float) -> None:
+        self.metrics.requests_finished.labels(finish_reason=output.finish_reason.value).inc()
+        self.metrics.request_duration.observe(duration_s)
+        if output.error is not None:
+            self.metrics.request_errors.labels(code=output.error.code.value).inc()
+
+    def _peer_gone(self, identity: bytes) -> None:
+        orphans = [rid for rid, route in self._routes.items() if route.identity == identity]
+        for request_id in orphans:
+            route = self._routes.pop(request_id)
+            output = self.engine.abort(request_id)
+            if output is not None:
+                self._count_finished(output, time.monotonic() - route.admitted_at)
+        if orphans:
+            log.info("peer %s disconnected; aborted its %d requests", identity.hex(), len(orphans))
+
+    # --- shutdown -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Answer every running request with CANCELLED, send what the peers take, close."""
+        shutting_down = EngineError(ErrorCode.CANCELLED, "the engine is shutting down")
+        for request_id, route in list(self._routes.items()):
+            self.engine.abort(request_id)
+            self._refuse(route.identity, request_id, shutting_down)
+        self._routes.clear()
+        self._outbox.flush()
+        self.socket.close(linger=self.settings.linger_ms)
+        self._context.term()
+        self._publish_stats()

@@ -1,0 +1,117 @@
+"""`k25 engine`: serve one engine over ZMQ, register it in Redis, expose /metrics."""
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+import threading
+
+DEFAULT_MODEL = "smollm2-135m"
+
+log = logging.getLogger("k25.engine")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "engine",
+        help="serve the engine to gateways over ZMQ (one GPU, or this CPU)",
+        description="Load a model, serve it on a ZMQ ROUTER socket, heartbeat into Redis and expose Prometheus metrics. "
+        "SIGTERM or SIGINT shuts it down cleanly.",
+    )
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"smollm2-135m, tiny-random, a .gguf file or a Hugging Face folder (default {DEFAULT_MODEL})")
+    p.add_argument("--chunk-size", type=int, default=256, help="the chunk_size requests must be padded for (default 256)")
+    p.add_argument("--max-chunk-per-gpu", type=int, default=None, help="KV capacity in chunks (default: the node type's)")
+    p.add_argument("--node-type", default="cpu", help="a100-40g, a100-80g, h100-80g, h200 or cpu (default cpu)")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--pool", default="default", help="the pool this engine serves (default 'default')")
+    p.add_argument("--zmq-port", type=int, default=5555, help="ROUTER port (default 5555)")
+    p.add_argument("--metrics-port", type=int, default=9100, help="Prometheus /metrics port; 0 turns it off (default 9100)")
+    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="registry Redis; '' runs without one")
+    p.add_argument("--release", default="k25", help="prefix of every Redis key (default k25)")
+    p.add_argument("--advertise-host", default="127.0.0.1", help="host gateways dial, e.g. the pod IP (default 127.0.0.1)")
+    p.add_argument("--engine-id", default=None, help="registry name (default HOSTNAME-ZMQPORT)")
+    p.add_argument("--sndhwm", type=int, default=5000, help="ZMQ send high-water mark per peer (default 5000)")
+    p.add_argument("--rcvhwm", type=int, default=5000, help="ZMQ receive high-water mark per peer (default 5000)")
+    p.add_argument("--linger-ms", type=int, default=1000, help="how long unsent messages may delay shutdown (default 1000)")
+    p.add_argument("--heartbeat-interval-s", type=float, default=1.0, help="registry refresh period (default 1)")
+    p.add_argument("--heartbeat-ttl-s", type=float, default=5.0, help="registry entry lifetime without a refresh (default 5)")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import zmq
+
+    from engine.config import EngineConfig
+    from engine.engine import LLMEngine
+    from engine.errors import EngineConfigError
+    from engine.heartbeat import Heartbeat, registry_client
+    from engine.loader import load_model
+    from engine.metrics import EngineMetrics
+    from engine.registry import EngineProfile, registry_entry
+    from engine.server import EngineServer, ServerSettings
+    from k25.model_source import ModelLoadError
+
+    if args.heartbeat_ttl_s <= args.heartbeat_interval_s:
+        print("k25 engine: --heartbeat-ttl-s must be longer than --heartbeat-interval-s", file=sys.stderr)
+        return 2
+    try:
+        model = load_model(args.model)
+        config = EngineConfig(
+            chunk_size=args.chunk_size, max_chunk_per_gpu=args.max_chunk_per_gpu, node_type=args.node_type, device=args.device
+        )
+        engine = LLMEngine(model, config)
+    except (ModelLoadError, EngineConfigError) as exc:
+        print(f"k25 engine: {exc}", file=sys.stderr)
+        return 2
+    settings = ServerSettings(port=args.zmq_port, sndhwm=args.sndhwm, rcvhwm=args.rcvhwm, linger_ms=args.linger_ms)
+    metrics = EngineMetrics()
+    try:
+        server = EngineServer(engine, settings, metrics)
+    except zmq.ZMQError as exc:
+        print(f"k25 engine: cannot listen on ZMQ port {args.zmq_port}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        metrics_port = metrics.serve(args.metrics_port) if args.metrics_port else None
+    except OSError as exc:
+        server.close()
+        print(f"k25 engine: cannot serve metrics on port {args.metrics_port}: {exc}", file=sys.stderr)
+        return 2
+
+    engine_id = args.engine_id or f"{socket.gethostname()}-{server.port}"
+    profile = EngineProfile(
+        engine_id=engine_id,
+        address=f"{args.advertise_host}:{server.port}",
+        pool=args.pool,
+        node_type=args.node_type,
+        model=args.model,
+        chunk_size=config.chunk_size,
+        max_chunk_per_gpu=engine.max_chunk_per_gpu,
+        capacity_tokens=engine.capacity_tokens,
+        max_model_len=engine.max_model_len,
+    )
+    heartbeat = None
+    if args.redis_url:
+        heartbeat = Heartbeat(
+            registry_client(args.redis_url), args.release, engine_id, lambda: registry_entry(profile, server.stats),
+            interval_s=args.heartbeat_interval_s, ttl_s=args.heartbeat_ttl_s,
+        )
+
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    log.info(
+        "engine %s: pool %s, zmq tcp://%s, metrics %s, registry %s",
+        engine_id, args.pool, profile.address, f":{metrics_port}/metrics" if metrics_port else "off", args.redis_url or "off",
+    )
+    if heartbeat is not None:
+        heartbeat.start()
+    try:
+        server.serve(stop)
+    finally:
+        log.info("engine %s shutting down", engine_id)
+        if heartbeat is not None:
+            heartbeat.stop()
+        server.close()
+        metrics.close()
+    return 0
