@@ -40,9 +40,7 @@ def start_redis_server(port: int, timeout_s: float = 10.0) -> subprocess.Popen:
             client.close()
 
 
-@pytest.fixture
-def redis_server():
-    """The URL of a fresh, empty Redis."""
+def _private_redis_url():
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed")
     port = free_port()
@@ -52,6 +50,18 @@ def redis_server():
     finally:
         process.kill()
         process.wait()
+
+
+@pytest.fixture
+def redis_server():
+    """The URL of a fresh, empty Redis."""
+    yield from _private_redis_url()
+
+
+@pytest.fixture(scope="module")
+def module_redis_url():
+    """The URL of a Redis shared by one test module (for a server process started once per module)."""
+    yield from _private_redis_url()
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 One engine (tiny-random) serves every test of this module."""
 
 import random
-import shutil
 import subprocess
 import urllib.request
 
@@ -21,7 +20,7 @@ from engine_process import (
     wait_until,
 )
 from prometheus_client.parser import text_string_to_metric_families
-from redis_server import free_port, start_redis_server
+from redis_server import module_redis_url  # noqa: F401 (fixture)
 
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
@@ -35,14 +34,8 @@ MAX_CHUNKS = 64  # KV for 2,048 tokens: room for a long request to cancel
 
 
 @pytest.fixture(scope="module")
-def redis_url():
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
-    port = free_port()
-    process = start_redis_server(port)
-    yield f"redis://127.0.0.1:{port}/0"
-    process.kill()
-    process.wait()
+def redis_url(module_redis_url):
+    return module_redis_url
 
 
 @pytest.fixture(scope="module")

@@ -1,23 +1,16 @@
 """`k25 engine` stops cleanly on SIGTERM: running requests are answered, its registry entry goes."""
 
-import shutil
 
 import pytest
 from engine_process import dealer, generate_message, receive, receive_until_done, send, start_engine
-from redis_server import free_port, start_redis_server
+from redis_server import module_redis_url  # noqa: F401 (fixture)
 
 from proto import k25_pb2
 
 
 @pytest.fixture(scope="module")
-def redis_url():
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
-    port = free_port()
-    process = start_redis_server(port)
-    yield f"redis://127.0.0.1:{port}/0"
-    process.kill()
-    process.wait()
+def redis_url(module_redis_url):
+    return module_redis_url
 
 
 @pytest.fixture(scope="module")
