@@ -119,8 +119,7 @@ class LLMEngine:
         # the widest intermediates of one step: the MLP's gate/up rows for the whole token budget,
         # the attention scores of one prompt chunk against the longest context, and the logits.
         c, cfg = self.model_config, self.config
-        element = torch.tensor([], dtype=dtype).element_size()
-        mlp = cfg.max_num_batched_tokens * (3 * c.intermediate_size + 4 * c.hidden_size) * element
+        mlp = cfg.max_num_batched_tokens * (3 * c.intermediate_size + 4 * c.hidden_size) * dtype.itemsize
         scores = cfg.max_num_batched_tokens * c.max_position_embeddings * c.num_heads * 4
         logits = cfg.max_num_seqs * c.vocab_size * 4
         return mlp + min(scores, GIB) + logits

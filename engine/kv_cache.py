@@ -6,8 +6,7 @@ from engine.model_config import ModelConfig
 
 
 def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
-    element = torch.tensor([], dtype=dtype).element_size()
-    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * element
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * dtype.itemsize
 
 
 class KVCache:

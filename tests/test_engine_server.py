@@ -34,14 +34,9 @@ MAX_CHUNKS = 64  # KV for 2,048 tokens: room for a long request to cancel
 
 
 @pytest.fixture(scope="module")
-def redis_url(module_redis_url):
-    return module_redis_url
-
-
-@pytest.fixture(scope="module")
-def engine(redis_url, tmp_path_factory):
+def engine(module_redis_url, tmp_path_factory):
     handle = start_engine(
-        redis_url, str(tmp_path_factory.mktemp("engine") / "engine.log"),
+        module_redis_url, str(tmp_path_factory.mktemp("engine") / "engine.log"),
         "--model", "tiny-random", "--chunk-size", str(CHUNK), "--max-chunk-per-gpu", str(MAX_CHUNKS), "--pool", "short",
     )
     yield handle
@@ -232,10 +227,10 @@ def test_metrics_serve_the_engine_families(engine):
         assert expected in names
 
 
-def test_a_second_engine_on_a_taken_port_exits_with_a_message(engine, redis_url):
+def test_a_second_engine_on_a_taken_port_exits_with_a_message(engine, module_redis_url):
     result = subprocess.run(
         [*K25, "engine", "--model", "tiny-random", "--chunk-size", str(CHUNK), "--max-chunk-per-gpu", str(MAX_CHUNKS),
-         "--zmq-port", str(engine.zmq_port), "--metrics-port", "0", "--redis-url", redis_url],
+         "--zmq-port", str(engine.zmq_port), "--metrics-port", "0", "--redis-url", module_redis_url],
         capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 2

@@ -9,14 +9,9 @@ from proto import k25_pb2
 
 
 @pytest.fixture(scope="module")
-def redis_url(module_redis_url):
-    return module_redis_url
-
-
-@pytest.fixture(scope="module")
-def engine(redis_url, tmp_path_factory):
+def engine(module_redis_url, tmp_path_factory):
     handle = start_engine(
-        redis_url, str(tmp_path_factory.mktemp("engine") / "engine.log"),
+        module_redis_url, str(tmp_path_factory.mktemp("engine") / "engine.log"),
         "--model", "tiny-random", "--chunk-size", "32", "--max-chunk-per-gpu", "64",
     )
     yield handle
