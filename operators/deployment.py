@@ -7,26 +7,54 @@ ZMQ_PORT = 5555
 METRICS_PORT = 9100
 # GPU engines load weights for minutes: give the start that long before liveness counts
 STARTUP_PROBE = {"tcpSocket": {"port": ZMQ_PORT}, "periodSeconds": 10, "failureThreshold": 60}
+# the models PVC of the Helm chart (`{release}-models`), mounted read-only where pools name
+# their model by path; a model given by name (smollm2-135m, tiny-random) is in the image
+MODELS_MOUNT = "/models"
+# the restricted Pod Security Standard: the image's non-root user (docker/*.Dockerfile),
+# no privilege escalation, no capabilities, read-only root with /tmp as the one scratch space
+ENGINE_UID = 10001
+POD_SECURITY_CONTEXT = {"runAsNonRoot": True, "runAsUser": ENGINE_UID, "runAsGroup": ENGINE_UID,
+                        "fsGroup": ENGINE_UID, "seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY_CONTEXT = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                              "capabilities": {"drop": ["ALL"]}}
 
 
 def deployment_name(pool_name: str) -> str:
     return f"{pool_name}-engine"
 
 
-def pod_labels(pool_name: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "k25-engine", "app.kubernetes.io/component": "engine", POOL_LABEL: pool_name}
+def pod_labels(pool_name: str, release: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "k25-engine", "app.kubernetes.io/instance": release,
+            "app.kubernetes.io/component": "engine", POOL_LABEL: pool_name}
 
 
 def pod_selector(pool_name: str) -> str:
     return f"{POOL_LABEL}={pool_name}"
 
 
-def engine_args(spec: EnginePoolSpec, pool_name: str, redis_url: str) -> list[str]:
+def models_claim_name(release: str) -> str:
+    return f"{release}-models"
+
+
+def engine_args(spec: EnginePoolSpec, pool_name: str, redis_url: str, release: str) -> list[str]:
     args = ["k25", "engine", "--model", spec.model, "--chunk-size", str(spec.chunk_size)]
     if spec.max_chunk_per_gpu is not None:  # else the engine's hardware profile computes it
         args += ["--max-chunk-per-gpu", str(spec.max_chunk_per_gpu)]
+    # $(POD_IP) is expanded by the kubelet from the container's env: gateways dial the pod
     return args + ["--node-type", spec.node_type, "--pool", pool_name, "--zmq-port", str(ZMQ_PORT),
-                   "--metrics-port", str(METRICS_PORT), "--redis-url", redis_url]
+                   "--metrics-port", str(METRICS_PORT), "--redis-url", redis_url, "--release", release,
+                   "--advertise-host", "$(POD_IP)", "--device", "cuda" if spec.gpus_per_replica else "cpu"]
+
+
+def volumes_and_mounts(spec: EnginePoolSpec, release: str) -> tuple[list[dict], list[dict]]:
+    """The pod's volumes and the engine's mounts: /tmp always, the models PVC when the model is a path on it."""
+    volumes = [{"name": "tmp", "emptyDir": {}}]
+    mounts = [{"name": "tmp", "mountPath": "/tmp"}]
+    if spec.model.startswith(MODELS_MOUNT + "/"):
+        volumes.append({"name": "models", "persistentVolumeClaim": {"claimName": models_claim_name(release),
+                                                                   "readOnly": True}})
+        mounts.append({"name": "models", "mountPath": MODELS_MOUNT, "readOnly": True})
+    return volumes, mounts
 
 
 def owner_reference(pool: dict) -> dict:
@@ -37,17 +65,21 @@ def owner_reference(pool: dict) -> dict:
 
 def build_deployment(pool: dict, spec: EnginePoolSpec, replicas: int, redis_url: str, release: str) -> dict:
     name = pool["metadata"]["name"]
-    labels = pod_labels(name)
+    labels = pod_labels(name, release)
+    volumes, mounts = volumes_and_mounts(spec, release)
     resources = {"limits": {"nvidia.com/gpu": str(spec.gpus_per_replica)}} if spec.gpus_per_replica else {}
     container = {
         "name": "engine",
         "image": spec.image,
-        "args": engine_args(spec, name, redis_url),
-        "env": [{"name": "K25_RELEASE", "value": release}],
+        "args": engine_args(spec, name, redis_url, release),
+        "env": [{"name": "K25_RELEASE", "value": release},
+                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
         "ports": [{"name": "zmq", "containerPort": ZMQ_PORT}, {"name": "metrics", "containerPort": METRICS_PORT}],
         "resources": resources,
         "startupProbe": STARTUP_PROBE,
         "readinessProbe": {"tcpSocket": {"port": ZMQ_PORT}, "periodSeconds": 5},
+        "securityContext": CONTAINER_SECURITY_CONTEXT,
+        "volumeMounts": mounts,
     }
     return {
         "apiVersion": "apps/v1",
@@ -66,7 +98,10 @@ def build_deployment(pool: dict, spec: EnginePoolSpec, replicas: int, redis_url:
                 "spec": {
                     "nodeSelector": dict(spec.node_selector),
                     "tolerations": [dict(t) for t in spec.tolerations],
+                    "automountServiceAccountToken": False,  # engines never call the Kubernetes API
+                    "securityContext": POD_SECURITY_CONTEXT,
                     "containers": [container],
+                    "volumes": volumes,
                 },
             },
         },

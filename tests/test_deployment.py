@@ -1,4 +1,4 @@
-from operators.deployment import build_deployment, deployment_name, engine_args, pod_selector
+from operators.deployment import build_deployment, deployment_name, engine_args, models_claim_name, pod_selector
 from operators.pool_spec import parse_pool_spec
 
 POOL = {"apiVersion": "k25.io/v1alpha1", "kind": "EnginePool",
@@ -6,7 +6,7 @@ POOL = {"apiVersion": "k25.io/v1alpha1", "kind": "EnginePool",
 
 
 def manifest(**spec):
-    parsed = parse_pool_spec({"nodeType": "A100-80G", "model": "/m.gguf", "chunkSize": 4096, **spec})
+    parsed = parse_pool_spec({"nodeType": "A100-80G", "model": "/models/m.gguf", "chunkSize": 4096, **spec})
     return build_deployment(POOL, parsed, 3, "redis://redis:6379/0", "prod")
 
 
@@ -17,27 +17,57 @@ def test_the_deployment_is_named_and_labelled_for_its_pool():
     assert deployment["spec"]["replicas"] == 3
     assert deployment["spec"]["selector"] == {"matchLabels": {"k25.io/pool": "long"}}
     assert deployment["spec"]["template"]["metadata"]["labels"]["k25.io/pool"] == "long"
+    assert deployment["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/instance"] == "prod"
     assert pod_selector("long") == "k25.io/pool=long"
 
 
-def test_the_engine_gets_chunk_size_max_chunk_node_type_pool_and_redis():
+def test_the_engine_gets_chunk_size_max_chunk_node_type_pool_redis_release_and_its_pod_ip():
     container = manifest()["spec"]["template"]["spec"]["containers"][0]
-    assert container["args"] == ["k25", "engine", "--model", "/m.gguf", "--chunk-size", "4096",
+    assert container["args"] == ["k25", "engine", "--model", "/models/m.gguf", "--chunk-size", "4096",
                                  "--max-chunk-per-gpu", "4", "--node-type", "A100-80G", "--pool", "long",
-                                 "--zmq-port", "5555", "--metrics-port", "9100", "--redis-url", "redis://redis:6379/0"]
+                                 "--zmq-port", "5555", "--metrics-port", "9100", "--redis-url", "redis://redis:6379/0",
+                                 "--release", "prod", "--advertise-host", "$(POD_IP)", "--device", "cuda"]
     assert {"name": "K25_RELEASE", "value": "prod"} in container["env"]
+    # the kubelet expands $(POD_IP) only from a variable defined in the container's env
+    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in container["env"]
     assert container["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
 
 
 def test_a_profiled_node_type_leaves_max_chunk_to_the_engine():
-    args = engine_args(parse_pool_spec({"nodeType": "H200", "model": "m", "chunkSize": 64}), "p", "redis://r")
+    args = engine_args(parse_pool_spec({"nodeType": "H200", "model": "m", "chunkSize": 64}), "p", "redis://r", "k25")
     assert "--max-chunk-per-gpu" not in args
 
 
-def test_a_cpu_pool_asks_for_no_gpu_and_tolerates_no_gpu_taint():
+def test_a_cpu_pool_asks_for_no_gpu_tolerates_no_gpu_taint_and_runs_on_the_cpu():
     pod = manifest(nodeType="CPU", maxChunkPerGpu=1)["spec"]["template"]["spec"]
     assert pod["containers"][0]["resources"] == {}
     assert pod["tolerations"] == []
+    assert pod["containers"][0]["args"][-2:] == ["--device", "cpu"]
+
+
+def test_a_model_path_under_models_mounts_the_releases_models_claim_read_only():
+    pod = manifest()["spec"]["template"]["spec"]
+    [claim] = [v["persistentVolumeClaim"] for v in pod["volumes"] if "persistentVolumeClaim" in v]
+    assert claim == {"claimName": models_claim_name("prod"), "readOnly": True} and claim["claimName"] == "prod-models"
+    mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["/models"]["readOnly"] is True
+    assert "/tmp" in mounts  # the one writable place under a read-only root
+
+
+def test_a_model_by_name_needs_no_claim():
+    pod = manifest(model="tiny-random")["spec"]["template"]["spec"]
+    assert [v["name"] for v in pod["volumes"]] == ["tmp"]
+    assert [m["mountPath"] for m in pod["containers"][0]["volumeMounts"]] == ["/tmp"]
+
+
+def test_the_engine_runs_as_non_root_without_privileges_on_a_read_only_root():
+    pod = manifest()["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["automountServiceAccountToken"] is False
+    container = pod["containers"][0]["securityContext"]
+    assert container == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                         "capabilities": {"drop": ["ALL"]}}
 
 
 def test_node_selector_and_gpus_per_replica_reach_the_pod():

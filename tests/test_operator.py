@@ -155,7 +155,8 @@ async def test_a_pool_gets_an_engine_deployment_for_its_gpu_nodes(cluster, opera
     assert engine["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert engine["args"] == ["k25", "engine", "--model", "/models/smollm2", "--chunk-size", "512",
                               "--max-chunk-per-gpu", "8", "--node-type", "H100-80G", "--pool", "h100",
-                              "--zmq-port", "5555", "--metrics-port", "9100", "--redis-url", operator.redis_url]
+                              "--zmq-port", "5555", "--metrics-port", "9100", "--redis-url", operator.redis_url,
+                              "--release", "test", "--advertise-host", "$(POD_IP)", "--device", "cuda"]
 
 
 async def test_qps_above_80_per_replica_scales_out_and_a_fall_scales_in_after_the_window(
