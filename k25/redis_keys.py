@@ -8,6 +8,9 @@ Per-pool request counts live in one counter per epoch second:
 The gateway adds to the current second's bucket for every request it routes to a pool,
 and at least once a second per pool even when idle (`count=0`), so that a quiet pool
 reads as 0 QPS rather than as missing data. Several gateways add to the same buckets.
+Beside it, the outcomes of the requests that finished in that second:
+
+    {release}:stats:{pool}:{epoch_second}  hash: completed, errors, latency_s_sum
 
 Engines register themselves with a heartbeat:
 
@@ -103,3 +106,17 @@ def live_engines(redis, release: str) -> dict[str, dict]:
             name = key.decode() if isinstance(key, bytes) else key
             engines[name[len(prefix) :]] = entry
     return engines
+
+
+def stats_key(release: str, pool: str, epoch_second: int) -> str:
+    return f"{release}:stats:{pool}:{epoch_second}"
+
+
+def record_outcomes(pipe, release: str, pool: str, epoch_second: int, completed: int, errors: int, latency_s_sum: float) -> None:
+    """Add finished requests to a pool's per-second outcome hash: how many completed, how many
+    of them failed, and their summed end-to-end latency (mean = latency_s_sum / completed)."""
+    key = stats_key(release, pool, epoch_second)
+    pipe.hincrby(key, "completed", completed)
+    pipe.hincrby(key, "errors", errors)
+    pipe.hincrbyfloat(key, "latency_s_sum", latency_s_sum)
+    pipe.expire(key, BUCKET_TTL_S)

@@ -1,0 +1,69 @@
+"""API keys: stored only as SHA-256 hashes, each mapped to a tenant.
+
+The keys file (mounted from a Secret) is JSON:
+
+    {"keys": [{"sha256": "<hex digest of the key>", "tenant": "acme"}, ...]}
+
+`k25 api-key` makes a key and the entry to add. A presented key is hashed and compared
+with every stored hash in constant time, so neither the match nor its position leaks
+through timing.
+"""
+
+import hashlib
+import hmac
+import json
+import secrets
+
+
+class ApiKeysError(Exception):
+    """The keys file cannot be used."""
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def new_key() -> str:
+    return "k25-" + secrets.token_urlsafe(32)
+
+
+class ApiKeys:
+    def __init__(self, hashed_to_tenant: dict[str, str]):
+        self._entries = [(bytes.fromhex(h), tenant) for h, tenant in hashed_to_tenant.items()]
+
+    @classmethod
+    def from_file(cls, path: str) -> "ApiKeys":
+        try:
+            with open(path) as f:
+                document = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise ApiKeysError(f"cannot read API keys file {path}: {exc}") from None
+        entries = document.get("keys") if isinstance(document, dict) else None
+        if not isinstance(entries, list) or not entries:
+            raise ApiKeysError(f'{path}: expected {{"keys": [{{"sha256": ..., "tenant": ...}}, ...]}} with at least one key')
+        table = {}
+        for position, entry in enumerate(entries):
+            digest = entry.get("sha256") if isinstance(entry, dict) else None
+            tenant = entry.get("tenant") if isinstance(entry, dict) else None
+            if not isinstance(digest, str) or len(digest) != 64 or not _is_hex(digest):
+                raise ApiKeysError(f"{path}: keys[{position}].sha256 must be 64 hex digits (the SHA-256 of the key)")
+            if not isinstance(tenant, str) or not tenant:
+                raise ApiKeysError(f"{path}: keys[{position}].tenant must be a non-empty string")
+            table[digest.lower()] = tenant
+        return cls(table)
+
+    def tenant_of(self, presented: str) -> str | None:
+        digest = hashlib.sha256(presented.encode()).digest()
+        found = None
+        for stored, tenant in self._entries:  # no early exit: every comparison is made
+            if hmac.compare_digest(stored, digest):
+                found = tenant
+        return found
+
+
+def _is_hex(text: str) -> bool:
+    try:
+        bytes.fromhex(text)
+    except ValueError:
+        return False
+    return True

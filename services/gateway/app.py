@@ -1,0 +1,96 @@
+"""The gateway's HTTP API: OpenAI-compatible completions, models, health and metrics."""
+
+import contextlib
+import time
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from services.gateway.api_keys import ApiKeys
+from services.gateway.body_limit import BodySizeLimit
+from services.gateway.errors import OpenAIError, install_error_handlers, invalid_request
+from services.gateway.openai_schema import (
+    ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, ErrorResponse, ModelList,
+)
+from services.gateway.service import Gateway
+
+STARTED_AT = int(time.time())
+
+_ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 500, 502, 503, 504)}
+
+
+def create_app(gateway: Gateway, api_keys: ApiKeys | None = None) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await gateway.start()
+        yield
+        await gateway.stop()
+
+    app = FastAPI(
+        title="K25 gateway", version="0.1.0", lifespan=lifespan,
+        description="OpenAI-compatible API in front of K25's engine pools.",
+    )
+    install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=gateway.settings.max_body_bytes)
+
+    def tenant(request: Request) -> str:
+        if api_keys is None:
+            return "default"
+        scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+        found = api_keys.tenant_of(presented.strip()) if scheme.lower() == "bearer" and presented.strip() else None
+        if found is None:
+            raise OpenAIError(401, "missing or incorrect API key: send 'Authorization: Bearer <key>'",
+                              "invalid_request_error", "invalid_api_key")
+        return found
+
+    def traceparent(request: Request) -> str:
+        return request.headers.get("traceparent", "")
+
+    @app.post("/v1/chat/completions", response_model=ChatCompletion, responses=_ERRORS)
+    async def chat_completions(body: ChatCompletionRequest, tenant: str = Depends(tenant),
+                               traceparent: str = Depends(traceparent)):
+        gateway.check_model(body.model)
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+        try:
+            prompt_ids = gateway.tokenizer.encode_chat(messages)
+        except Exception as exc:  # the chat template refuses some message orders
+            raise invalid_request(f"messages cannot be rendered with the model's chat template: {exc}", "messages")
+        job = gateway.make_job(body, prompt_ids, tenant, "chatcmpl", traceparent)
+        return await gateway.complete(body, job, chat=True)
+
+    @app.post("/v1/completions", response_model=Completion, responses=_ERRORS)
+    async def completions(body: CompletionRequest, tenant: str = Depends(tenant), traceparent: str = Depends(traceparent)):
+        gateway.check_model(body.model)
+        prompt = body.prompt
+        prompt_ids = gateway.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        job = gateway.make_job(body, prompt_ids, tenant, "cmpl", traceparent)
+        return await gateway.complete(body, job, chat=False)
+
+    @app.get("/v1/models", response_model=ModelList, responses=_ERRORS)
+    async def models(tenant: str = Depends(tenant)):
+        return ModelList(data=[{"id": name, "created": STARTED_AT} for name in gateway.served_models()])
+
+    @app.get("/healthz")
+    async def healthz():
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz():
+        registry = gateway.registry
+        engines = len(registry.engines)
+        body = {
+            "ready": engines > 0,
+            "engines": engines,
+            "pools": sorted({e.pool for e in registry.engines}),
+            "redis": {True: "ok", False: "unreachable: routing with the last-known registry", None: "not read yet"}[
+                registry.redis_ok
+            ],
+        }
+        return JSONResponse(body, status_code=200 if engines else 503)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,130 @@
+"""Sending one generation to an engine: plan the route, pad for the pool, try engines in
+order until one takes it, and read its responses.
+
+An engine that refuses before starting (full KV or queue, shutting down, a chunk_size it
+does not share) or whose connection is gone is skipped for the next candidate; only when
+every candidate refused does the client get 503 with Retry-After. The first response is
+awaited before anything is returned, so a refusal never reaches the client as a half-sent
+200.
+"""
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from k25.padding import pad_to_chunk_size
+from proto import k25_pb2
+from services.gateway.engine_client import ENGINE_GONE, EngineConnections, EngineStream, EngineUnavailable
+from services.gateway.errors import RETRYABLE_ENGINE_ERRORS, OpenAIError, from_engine_error, invalid_request, overloaded
+from services.gateway.routing import EngineView, Refusal, RoutePlan, plan_route
+
+
+class EngineLost(Exception):
+    """The engine went away after the answer had started."""
+
+
+@dataclass
+class Job:
+    """One generation as the gateway will send it, before padding."""
+
+    request_id: str
+    tenant: str
+    model: str
+    prompt_token_ids: list[int]
+    sampling: k25_pb2.SamplingParams
+    deadline: float  # epoch seconds
+    traceparent: str = ""
+    tracestate: str = ""
+
+    def padded_for(self, chunk_size: int, pad_token_id: int) -> k25_pb2.GenerateRequest:
+        padded, pad_length = pad_to_chunk_size(self.prompt_token_ids, chunk_size, pad_token_id)
+        return k25_pb2.GenerateRequest(
+            request_id=self.request_id, tenant=self.tenant, model=self.model,
+            prompt_token_ids=padded, pad_length=pad_length, chunk_size=chunk_size,
+            sampling=self.sampling, deadline_unix_s=self.deadline,
+            trace=k25_pb2.TraceContext(traceparent=self.traceparent, tracestate=self.tracestate),
+        )
+
+    def remaining_s(self) -> float:
+        return max(0.0, self.deadline - time.time())
+
+
+@dataclass
+class OpenedStream:
+    pool: str
+    engine: EngineView
+    stream: EngineStream
+    first: k25_pb2.EngineMessage
+    deadline: float  # epoch seconds
+
+    async def messages(self) -> AsyncIterator[k25_pb2.EngineMessage]:
+        """Every response up to and including the Final; an Error raises OpenAIError, a lost
+        engine EngineLost, a passed deadline a 504."""
+        message = self.first
+        while True:
+            if message is ENGINE_GONE:
+                raise EngineLost(f"engine {self.engine.engine_id} went away mid-answer")
+            kind = message.WhichOneof("kind")
+            if kind == "error":
+                raise from_engine_error(message.error)
+            yield message
+            if kind == "final":
+                return
+            message = await _next(self.stream, max(0.0, self.deadline - time.time()))
+
+
+def refusal_error(plan: RoutePlan, prompt_tokens: int, max_tokens: int) -> OpenAIError:
+    if plan.refusal is Refusal.NEVER_FITS:
+        return invalid_request(
+            f"this request needs {prompt_tokens + max_tokens} tokens (prompt {prompt_tokens} + max_tokens {max_tokens}) "
+            f"but the largest context of any engine pool is {plan.max_context} tokens",
+            param="max_tokens", code="context_length_exceeded",
+        )
+    if plan.refusal is Refusal.NO_ENGINES:
+        return overloaded("no engine is available; try again shortly")
+    return overloaded("every engine that could serve this request is at capacity; try again shortly")
+
+
+async def open_stream(
+    job: Job, engines: list[EngineView], connections: EngineConnections, pad_token_id: int,
+    exclude: frozenset[str] = frozenset(), connect_timeout_s: float = 1.0,
+) -> OpenedStream:
+    """Start `job` on the first engine that takes it (engine ids in `exclude` are skipped)."""
+    plan = plan_route([e for e in engines if e.engine_id not in exclude], len(job.prompt_token_ids), job.sampling.max_tokens)
+    if plan.refusal is not None:
+        raise refusal_error(plan, len(job.prompt_token_ids), job.sampling.max_tokens)
+    for route in plan.routes:
+        request = job.padded_for(route.chunk_size, pad_token_id)
+        for engine in route.engines:
+            try:
+                stream = await connections.get(engine.address).submit(request, connect_timeout_s)
+            except EngineUnavailable:
+                continue
+            try:
+                first = await _next(stream, job.remaining_s())
+            except BaseException:
+                stream.close()
+                raise
+            if first is ENGINE_GONE:
+                stream.close()
+                continue
+            if first.WhichOneof("kind") == "error":
+                stream.close()
+                if first.error.code in RETRYABLE_ENGINE_ERRORS:
+                    continue
+                raise from_engine_error(first.error)
+            return OpenedStream(route.pool, engine, stream, first, job.deadline)
+    raise overloaded("every engine that could serve this request refused it or is unreachable; try again shortly")
+
+
+async def _next(stream: EngineStream, timeout_s: float):
+    try:
+        return await stream.next(timeout_s)
+    except TimeoutError:
+        raise OpenAIError(504, "the request's deadline passed before the engine answered", "server_error", "timeout") from None
+
+
+def plan_pool(job: Job, engines: list[EngineView]) -> str | None:
+    """The pool this request's demand counts against (also when every engine is full)."""
+    return plan_route(engines, len(job.prompt_token_ids), job.sampling.max_tokens).pool
+

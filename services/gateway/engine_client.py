@@ -1,0 +1,160 @@
+"""The gateway's side of the engine wire: one ZMQ DEALER per engine, shared by all requests.
+
+A reader task hands each EngineMessage to the stream of its request_id. The socket's
+monitor tells when the engine's connection drops (the process died, or ZMQ's own
+heartbeat found it hung): every stream still open on it gets ENGINE_GONE, so no request
+waits forever on an engine that is not there. Sends never block: with ZMQ_IMMEDIATE a
+message is only queued on a live connection, and a full queue is a refusal the caller
+can take elsewhere.
+"""
+
+import asyncio
+import logging
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from proto import k25_pb2
+
+log = logging.getLogger(__name__)
+
+# put on a stream when the engine's connection drops
+ENGINE_GONE = object()
+
+
+class EngineUnavailable(Exception):
+    """The engine cannot take a message now (not connected, or its queue is full)."""
+
+
+class EngineStream:
+    """The responses to one request: EngineMessages, then possibly ENGINE_GONE."""
+
+    def __init__(self, connection: "EngineConnection", request_id: str):
+        self.connection = connection
+        self.request_id = request_id
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.finished = False  # a Final or Error arrived, or the engine went away
+
+    async def next(self, timeout_s: float | None):
+        item = await asyncio.wait_for(self.queue.get(), timeout_s)
+        if item is ENGINE_GONE or item.WhichOneof("kind") in ("final", "error"):
+            self.finished = True
+        return item
+
+    def close(self) -> None:
+        """Stop listening; if the engine may still be working on it, tell it to stop."""
+        if not self.finished:
+            self.connection.cancel(self.request_id)
+            self.finished = True
+        self.connection.streams.pop(self.request_id, None)
+
+
+class EngineConnection:
+    def __init__(self, context: zmq.asyncio.Context, address: str, sndhwm: int, rcvhwm: int, linger_ms: int):
+        self.address = address
+        self.streams: dict[str, EngineStream] = {}
+        self.connected = asyncio.Event()
+        self.socket = context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.SNDHWM, sndhwm)
+        self.socket.setsockopt(zmq.RCVHWM, rcvhwm)
+        self.socket.setsockopt(zmq.LINGER, linger_ms)
+        self.socket.setsockopt(zmq.IMMEDIATE, 1)
+        # ZMQ's own pings find an engine that hangs without closing its socket
+        self.socket.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+        self.socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
+        self.socket.setsockopt(zmq.RECONNECT_IVL, 200)
+        self._monitor = self.socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        self.socket.connect(f"tcp://{address}")
+        self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._watch())]
+
+    async def submit(self, request: k25_pb2.GenerateRequest, connect_timeout_s: float) -> EngineStream:
+        if request.request_id in self.streams:
+            raise ValueError(f"request {request.request_id} is already open on {self.address}")
+        try:
+            await asyncio.wait_for(self.connected.wait(), connect_timeout_s)
+        except TimeoutError:
+            raise EngineUnavailable(f"engine {self.address} is not connected") from None
+        stream = EngineStream(self, request.request_id)
+        self.streams[request.request_id] = stream
+        try:
+            self.socket.send(k25_pb2.ClientMessage(generate=request).SerializeToString(), zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            del self.streams[request.request_id]
+            raise EngineUnavailable(f"engine {self.address} refused the message: {exc}") from None
+        return stream
+
+    def cancel(self, request_id: str) -> None:
+        """Best effort and never blocking: the engine also aborts requests of a vanished peer."""
+        message = k25_pb2.ClientMessage(cancel=k25_pb2.CancelRequest(request_id=request_id))
+        try:
+            self.socket.send(message.SerializeToString(), zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            log.warning("could not send cancel for %s to %s: %s", request_id, self.address, exc)
+
+    async def _read(self) -> None:
+        while True:
+            payload = await self.socket.recv()
+            message = k25_pb2.EngineMessage()
+            try:
+                message.ParseFromString(payload)
+                request_id = getattr(message, message.WhichOneof("kind")).request_id
+            except Exception:  # a frame we cannot read must not stop the reader
+                log.warning("unreadable frame from engine %s (%d bytes)", self.address, len(payload))
+                continue
+            stream = self.streams.get(request_id)
+            if stream is not None:
+                stream.queue.put_nowait(message)
+            elif message.WhichOneof("kind") == "error" and not request_id:
+                log.warning("engine %s: %s", self.address, message.error.message)
+
+    async def _watch(self) -> None:
+        while True:
+            event = parse_monitor_message(await self._monitor.recv_multipart())
+            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.connected.set()
+            elif event["event"] == zmq.EVENT_DISCONNECTED:
+                self.connected.clear()
+                if self.streams:
+                    log.warning("engine %s disconnected with %d open requests", self.address, len(self.streams))
+                for stream in list(self.streams.values()):
+                    stream.queue.put_nowait(ENGINE_GONE)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for stream in list(self.streams.values()):
+            stream.queue.put_nowait(ENGINE_GONE)
+        self.socket.disable_monitor()
+        self._monitor.close(linger=0)
+        self.socket.close()
+
+
+class EngineConnections:
+    """A connection per engine address, opened on first use and closed when the engine leaves."""
+
+    def __init__(self, sndhwm: int = 5000, rcvhwm: int = 5000, linger_ms: int = 1000):
+        self.context = zmq.asyncio.Context()
+        self.sndhwm, self.rcvhwm, self.linger_ms = sndhwm, rcvhwm, linger_ms
+        self.by_address: dict[str, EngineConnection] = {}
+
+    def get(self, address: str) -> EngineConnection:
+        connection = self.by_address.get(address)
+        if connection is None:
+            connection = EngineConnection(self.context, address, self.sndhwm, self.rcvhwm, self.linger_ms)
+            self.by_address[address] = connection
+        return connection
+
+    async def retain(self, live_addresses: set[str]) -> None:
+        """Close connections to engines that left the registry and have nothing in flight."""
+        for address, connection in list(self.by_address.items()):
+            if address not in live_addresses and not connection.streams:
+                del self.by_address[address]
+                await connection.close()
+
+    async def close(self) -> None:
+        for connection in self.by_address.values():
+            await connection.close()
+        self.by_address.clear()
+        self.context.term()

@@ -1,0 +1,27 @@
+"""The gateway's Prometheus metrics (k25_gateway_*), on its own registry."""
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class GatewayMetrics:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "k25_gateway_requests", "Requests answered, by pool and HTTP status", ["pool", "status"], registry=self.registry
+        )
+        self.rejected = Counter(
+            "k25_gateway_rejected", "Requests refused before reaching an engine, by reason", ["reason"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "k25_gateway_request_latency_seconds", "End-to-end request latency", ["pool"],
+            buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "k25_gateway_time_to_first_token_seconds", "Time from request to first token", ["pool"],
+            buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.inflight = Gauge("k25_gateway_inflight_requests", "Requests in flight", registry=self.registry)
+        self.engines = Gauge("k25_gateway_live_engines", "Engines in the registry, by pool", ["pool"], registry=self.registry)
+        self.redis_up = Gauge("k25_gateway_redis_up", "1 when the last registry read from Redis succeeded", registry=self.registry)

@@ -1,0 +1,114 @@
+"""Where a request goes: the pool by prompt length, the engine by free KV. Pure functions.
+
+A pool is the set of live engines that registered the same pool name. A request fits a
+pool when its prompt plus `max_tokens` is within the pool's context (`max_model_len`).
+Among the pools it fits, the preferred one is the smallest `chunk_size` that holds the
+whole prompt in one chunk (least padding); a prompt longer than every chunk goes to the
+largest `chunk_size` (fewest chunks). Within a pool, engines past the KV admission limit
+or with a full queue are left out and the rest are ordered by free KV, most first.
+"""
+
+from dataclasses import dataclass
+from enum import Enum
+
+# the engine refuses new requests above this KV use (engine/config.py kv_admission_limit)
+KV_ADMISSION_LIMIT = 0.92
+
+
+@dataclass(frozen=True)
+class EngineView:
+    """One live engine as its registry entry describes it."""
+
+    engine_id: str
+    address: str
+    pool: str
+    model: str
+    chunk_size: int
+    max_model_len: int
+    free_kv_fraction: float
+    running: int
+    waiting: int
+    adapters: tuple[str, ...] = ()
+
+    @classmethod
+    def from_entry(cls, engine_id: str, entry: dict) -> "EngineView | None":
+        """None for an entry that lacks a field or has one of the wrong type: a broken
+        heartbeat must not take routing down."""
+        try:
+            view = cls(
+                engine_id=engine_id,
+                address=str(entry["address"]),
+                pool=str(entry["pool"]),
+                model=str(entry["model"]),
+                chunk_size=int(entry["chunk_size"]),
+                max_model_len=int(entry["max_model_len"]),
+                free_kv_fraction=float(entry["free_kv_fraction"]),
+                running=int(entry.get("running", 0)),
+                waiting=int(entry.get("waiting", 0)),
+                adapters=tuple(str(a) for a in entry.get("adapters", ())),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+        return view if view.chunk_size > 0 and view.max_model_len > 0 else None
+
+
+@dataclass(frozen=True)
+class PoolRoute:
+    """One pool to try, with its engines in the order to try them."""
+
+    pool: str
+    chunk_size: int
+    engines: tuple[EngineView, ...]
+
+
+class Refusal(Enum):
+    NO_ENGINES = "no_engines"  # nothing is registered: 503
+    NEVER_FITS = "never_fits"  # longer than every pool's context: 400 at once
+    OVERLOADED = "overloaded"  # it fits, but every engine that could take it is full: 503
+
+
+@dataclass(frozen=True)
+class RoutePlan:
+    routes: tuple[PoolRoute, ...] = ()
+    refusal: Refusal | None = None
+    pool: str | None = None  # the preferred pool it fits, even when that pool is full: demand counts there
+    max_context: int = 0  # the largest context among live engines, for the error message
+
+
+def plan_route(engines: list[EngineView], prompt_tokens: int, max_tokens: int, max_waiting: int = 1024) -> RoutePlan:
+    if not engines:
+        return RoutePlan(refusal=Refusal.NO_ENGINES)
+    needed = prompt_tokens + max_tokens
+    pools: dict[str, list[EngineView]] = {}
+    for engine in engines:
+        pools.setdefault(engine.pool, []).append(engine)
+    max_context = max(e.max_model_len for e in engines)
+
+    routes = []
+    for pool, members in pools.items():
+        chunk_size = _pool_chunk_size(members)
+        fitting = [e for e in members if e.max_model_len >= needed and e.chunk_size == chunk_size]
+        if not fitting:
+            continue
+        open_engines = [e for e in fitting if e.free_kv_fraction > 1 - KV_ADMISSION_LIMIT and e.waiting < max_waiting]
+        open_engines.sort(key=lambda e: (-e.free_kv_fraction, e.running + e.waiting, e.engine_id))
+        routes.append(PoolRoute(pool, chunk_size, tuple(open_engines)))
+    if not routes:
+        return RoutePlan(refusal=Refusal.NEVER_FITS, max_context=max_context)
+    routes.sort(key=lambda r: _pool_preference(r.chunk_size, prompt_tokens))
+    open_routes = tuple(r for r in routes if r.engines)
+    if not open_routes:
+        return RoutePlan(refusal=Refusal.OVERLOADED, pool=routes[0].pool, max_context=max_context)
+    return RoutePlan(routes=open_routes, pool=routes[0].pool, max_context=max_context)
+
+
+def _pool_chunk_size(members: list[EngineView]) -> int:
+    # engines of one pool share a chunk_size; if a rollout briefly mixes two, the most common wins
+    sizes = [e.chunk_size for e in members]
+    return max(set(sizes), key=lambda s: (sizes.count(s), s))
+
+
+def _pool_preference(chunk_size: int, prompt_tokens: int) -> tuple:
+    if prompt_tokens <= chunk_size:
+        return (0, chunk_size)  # one chunk holds it: the smallest such chunk pads least
+    return (1, -chunk_size)  # it needs several chunks anyway: the largest chunk needs fewest

@@ -1,0 +1,273 @@
+"""The gateway's running state and the path of one completion: tokens in, answer out.
+
+`Gateway` owns the registry view, the engine connections and the request accounting, and
+runs their background loops. `complete` turns a validated OpenAI request into a Job,
+counts it against its pool, opens it on an engine and answers either as one JSON body or
+as server-sent events.
+"""
+
+import asyncio
+import logging
+import time
+import uuid
+
+import redis
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from k25.tokenizer import Tokenizer
+from proto import k25_pb2
+from services.gateway.accounting import RequestAccounting, write_counts
+from services.gateway.dispatch import EngineLost, Job, open_stream, plan_pool
+from services.gateway.engine_client import EngineConnections
+from services.gateway.errors import OpenAIError, invalid_request, overloaded
+from services.gateway.metrics import GatewayMetrics
+from services.gateway.openai_schema import SamplingFields
+from services.gateway.registry_view import RegistryView
+from services.gateway.responses import (
+    FINISH_REASONS, LogprobsBuilder, chat_chunk, merge_logprobs, sse, text_chunk, usage_body, usage_chunk,
+)
+from services.gateway.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+
+# a non-streamed request whose engine dies is started again elsewhere, at most this often
+MAX_ENGINE_LOSSES = 2
+
+
+class Gateway:
+    def __init__(self, settings: GatewaySettings, tokenizer: Tokenizer, redis_client: redis.Redis):
+        self.settings = settings
+        self.tokenizer = tokenizer
+        self.redis = redis_client
+        self.registry = RegistryView(redis_client, settings.release)
+        self.connections: EngineConnections | None = None
+        self.accounting = RequestAccounting(settings.release)
+        self.metrics = GatewayMetrics()
+        self.inflight = 0
+        self._accounting_ok = True
+        self._tasks: list[asyncio.Task] = []
+
+    # --- background loops ----------------------------------------------------------------
+
+    async def start(self) -> None:
+        s = self.settings
+        self.connections = EngineConnections(s.zmq_sndhwm, s.zmq_rcvhwm, s.zmq_linger_ms)
+        await self.registry.refresh()
+        self._tasks = [asyncio.create_task(self._refresh_loop()), asyncio.create_task(self._flush_loop())]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._flush()
+        await self.connections.close()
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.registry_refresh_s)
+            await self.registry.refresh()
+            self.metrics.redis_up.set(1 if self.registry.redis_ok else 0)
+            self.metrics.engines.clear()
+            for engine in self.registry.engines:
+                self.metrics.engines.labels(engine.pool).inc()
+            if self.registry.redis_ok:
+                await self.connections.retain({e.address for e in self.registry.engines})
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.accounting_flush_s)
+            await self._flush()
+
+    async def _flush(self) -> None:
+        now = time.time()
+        taken = self.accounting.take(now)
+        try:
+            await asyncio.to_thread(write_counts, self.redis, self.settings.release, taken)
+        except redis.RedisError as exc:
+            self.accounting.give_back(taken, now)
+            if self._accounting_ok:
+                log.warning("cannot write request counts to Redis (%s); keeping them until it is back", exc)
+            self._accounting_ok = False
+            return
+        if not self._accounting_ok:
+            log.info("request counts are reaching Redis again")
+        self._accounting_ok = True
+
+    # --- one request -------------------------------------------------------------------------
+
+    def served_models(self) -> list[str]:
+        return [self.settings.model_name]
+
+    def check_model(self, model: str) -> None:
+        if model not in (self.settings.model_name, "base"):
+            raise OpenAIError(
+                404, f"the model '{model}' does not exist; this gateway serves {', '.join(self.served_models())}",
+                "invalid_request_error", "model_not_found", "model",
+            )
+
+    def make_job(self, body: SamplingFields, prompt_ids: list[int], tenant: str, prefix: str, traceparent: str) -> Job:
+        s = self.settings
+        if not prompt_ids:
+            raise invalid_request("the prompt is empty after tokenisation", "prompt")
+        if any(not 0 <= t < self.tokenizer.vocab_size for t in prompt_ids):
+            raise invalid_request(f"prompt token ids must be in [0, {self.tokenizer.vocab_size})", "prompt")
+        max_tokens = body.requested_max_tokens()
+        if max_tokens is None:
+            room = max((e.max_model_len for e in self.registry.engines), default=0) - len(prompt_ids)
+            max_tokens = max(1, min(s.default_max_tokens, room))
+        if max_tokens > s.max_tokens_limit:
+            raise invalid_request(f"max_tokens must be at most {s.max_tokens_limit}, got {max_tokens}", "max_tokens")
+        logprobs = body.requested_logprobs()
+        sampling = k25_pb2.SamplingParams(
+            temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, max_tokens=max_tokens,
+            stop=body.stop, logprobs=0 if logprobs is None else max(1, logprobs),
+        )
+        if body.seed is not None:
+            sampling.seed = body.seed
+        return Job(
+            request_id=f"{prefix}-{uuid.uuid4().hex}", tenant=tenant, model=body.model, prompt_token_ids=prompt_ids,
+            sampling=sampling, deadline=time.time() + s.request_timeout_s, traceparent=traceparent,
+        )
+
+    async def complete(self, body: SamplingFields, job: Job, chat: bool):
+        if self.inflight >= self.settings.max_inflight:
+            self.metrics.rejected.labels("gateway_full").inc()
+            raise overloaded(f"the gateway has {self.inflight} requests in flight (its limit); try again shortly")
+        engines = self.registry.engines
+        pool = plan_pool(job, engines) or "unrouted"
+        started = time.time()
+        self.accounting.arrived(pool, started)
+        self.inflight += 1
+        self.metrics.inflight.inc()
+        outcome = _Outcome(self, pool, started)
+        try:
+            if body.stream:
+                opened = await open_stream(job, engines, self.connections, self.tokenizer.pad_token_id,
+                                           connect_timeout_s=self.settings.engine_connect_timeout_s)
+                outcome.pool = opened.pool
+                return StreamingResponse(
+                    self._stream(opened, body, job, chat, outcome), media_type="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                )
+            response = await self._collect(job, body, chat, outcome)
+            outcome.done(200)
+            return response
+        except OpenAIError as exc:
+            if exc.status == 503:
+                self.metrics.rejected.labels(exc.code or "overloaded").inc()
+            outcome.done(exc.status)
+            raise
+        except BaseException:
+            outcome.done(499)
+            raise
+
+    async def _collect(self, job: Job, body: SamplingFields, chat: bool, outcome: "_Outcome") -> JSONResponse:
+        lost: set[str] = set()
+        while True:
+            opened = await open_stream(job, self.registry.engines, self.connections, self.tokenizer.pad_token_id,
+                                       exclude=frozenset(lost), connect_timeout_s=self.settings.engine_connect_timeout_s)
+            outcome.pool = opened.pool
+            logprobs = LogprobsBuilder(self.tokenizer, chat)
+            texts, logprob_parts, final = [], [], None
+            try:
+                async for message in opened.messages():
+                    if message.WhichOneof("kind") == "delta":
+                        outcome.first_token()
+                        texts.append(message.delta.text)
+                        part = logprobs.build(_trim(message.delta.logprobs, body.requested_logprobs()))
+                        if part:
+                            logprob_parts.append(part)
+                    else:
+                        final = message.final
+                break
+            except EngineLost:
+                lost.add(opened.engine.engine_id)
+                log.warning("engine %s lost request %s; starting it again elsewhere", opened.engine.engine_id, job.request_id)
+                if len(lost) > MAX_ENGINE_LOSSES:
+                    raise overloaded("the engines serving this request went away; try again") from None
+            finally:
+                opened.stream.close()
+        created = int(time.time())
+        choice = {"index": 0, "finish_reason": FINISH_REASONS.get(final.finish_reason, "stop"),
+                  "logprobs": merge_logprobs(logprob_parts)}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": "".join(texts)}
+        else:
+            choice["text"] = "".join(texts)
+        return JSONResponse({
+            "id": job.request_id, "object": "chat.completion" if chat else "text_completion", "created": created,
+            "model": job.model, "choices": [choice], "usage": usage_body(final.usage),
+        })
+
+    async def _stream(self, opened, body: SamplingFields, job: Job, chat: bool, outcome: "_Outcome"):
+        created = int(time.time())
+        logprobs = LogprobsBuilder(self.tokenizer, chat)
+        status = 499  # unless it ends otherwise: the client went away
+        try:
+            if chat:
+                yield sse(chat_chunk(job.request_id, created, job.model, {"role": "assistant", "content": ""}))
+            async for message in opened.messages():
+                if message.WhichOneof("kind") == "delta":
+                    outcome.first_token()
+                    part = logprobs.build(_trim(message.delta.logprobs, body.requested_logprobs()))
+                    text = message.delta.text
+                    if chat:
+                        yield sse(chat_chunk(job.request_id, created, job.model, {"content": text}, logprobs=part))
+                    else:
+                        yield sse(text_chunk(job.request_id, created, job.model, text, logprobs=part))
+                    continue
+                final = message.final
+                reason = FINISH_REASONS.get(final.finish_reason, "stop")
+                if chat:
+                    yield sse(chat_chunk(job.request_id, created, job.model, {}, reason))
+                else:
+                    yield sse(text_chunk(job.request_id, created, job.model, "", reason))
+                if body.include_usage():
+                    yield sse(usage_chunk(job.request_id, created, job.model, chat, final.usage))
+            yield sse("[DONE]")
+            status = 200
+        except (OpenAIError, EngineLost) as exc:
+            error = exc if isinstance(exc, OpenAIError) else OpenAIError(
+                502, f"{exc}; the answer is incomplete", "server_error", "engine_lost")
+            log.warning("request %s ended with an error mid-stream: %s", job.request_id, error.message)
+            status = error.status
+            yield sse(error.body())
+        finally:
+            opened.stream.close()
+            outcome.done(status)
+
+
+class _Outcome:
+    """Books one request's end exactly once: accounting, metrics, the in-flight count."""
+
+    def __init__(self, gateway: Gateway, pool: str, started: float):
+        self.gateway, self.pool, self.started = gateway, pool, started
+        self._first_token_seen = False
+        self._done = False
+
+    def first_token(self) -> None:
+        if not self._first_token_seen:
+            self._first_token_seen = True
+            self.gateway.metrics.ttft.labels(self.pool).observe(time.time() - self.started)
+
+    def done(self, status: int) -> None:
+        if self._done:
+            return
+        self._done = True
+        now = time.time()
+        g = self.gateway
+        g.inflight -= 1
+        g.metrics.inflight.dec()
+        g.metrics.requests.labels(self.pool, str(status)).inc()
+        g.metrics.latency.labels(self.pool).observe(now - self.started)
+        g.accounting.finished(self.pool, now, now - self.started, failed=status >= 500)
+
+
+def _trim(logprobs, wanted: int | None):
+    """The engine is asked for at least one alternative (0 means none on the wire); give back
+    only as many as the client asked for."""
+    if wanted is None:
+        return []
+    for token in logprobs:
+        del token.top[wanted:]
+    return logprobs

@@ -1,0 +1,28 @@
+"""The gateway's settings (the `k25 gateway` flags)."""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    model: str = "smollm2-135m"  # whose tokenizer and chat template the gateway uses
+    served_model_name: str | None = None  # the `model` clients send (default: `model`)
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    release: str = "k25"
+    api_keys_file: str | None = None
+    chunker_address: str | None = None
+    registry_refresh_s: float = 0.5
+    accounting_flush_s: float = 1.0
+    request_timeout_s: float = 600.0
+    default_max_tokens: int = 512  # when a chat request gives none (capped by the context)
+    max_tokens_limit: int = 8192
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_inflight: int = 2048  # requests in flight beyond which new ones get 503 at once
+    engine_connect_timeout_s: float = 1.0
+    zmq_sndhwm: int = 5000
+    zmq_rcvhwm: int = 5000
+    zmq_linger_ms: int = 1000
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model
