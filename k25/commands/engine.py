@@ -23,6 +23,7 @@ def register(subparsers) -> None:
     p.add_argument("--chunk-size", type=int, default=256, help="the chunk_size requests must be padded for (default 256)")
     p.add_argument("--max-chunk-per-gpu", type=int, default=None, help="KV capacity in chunks (default: the node type's)")
     p.add_argument("--node-type", default="cpu", help="a100-40g, a100-80g, h100-80g, h200 or cpu (default cpu)")
+    p.add_argument("--max-waiting", type=int, default=1024, help="queued requests beyond which new ones are refused (default 1024)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--pool", default="default", help="the pool this engine serves (default 'default')")
     p.add_argument("--zmq-port", type=int, default=5555, help="ROUTER port (default 5555)")
@@ -58,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         model = load_model(args.model)
         config = EngineConfig(
-            chunk_size=args.chunk_size, max_chunk_per_gpu=args.max_chunk_per_gpu, node_type=args.node_type, device=args.device
+            chunk_size=args.chunk_size, max_chunk_per_gpu=args.max_chunk_per_gpu, node_type=args.node_type, device=args.device,
+            max_waiting=args.max_waiting,
         )
         engine = LLMEngine(model, config)
     except (ModelLoadError, EngineConfigError) as exc:

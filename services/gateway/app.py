@@ -1,5 +1,6 @@
 """The gateway's HTTP API: OpenAI-compatible completions, models, health and metrics."""
 
+import asyncio
 import contextlib
 import time
 
@@ -16,6 +17,7 @@ from services.gateway.openai_schema import (
 from services.gateway.service import Gateway
 
 STARTED_AT = int(time.time())
+DISCONNECT_POLL_S = 0.5
 
 _ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 500, 502, 503, 504)}
 
@@ -48,7 +50,7 @@ def create_app(gateway: Gateway, api_keys: ApiKeys | None = None) -> FastAPI:
         return request.headers.get("traceparent", "")
 
     @app.post("/v1/chat/completions", response_model=ChatCompletion, responses=_ERRORS)
-    async def chat_completions(body: ChatCompletionRequest, tenant: str = Depends(tenant),
+    async def chat_completions(request: Request, body: ChatCompletionRequest, tenant: str = Depends(tenant),
                                traceparent: str = Depends(traceparent)):
         gateway.check_model(body.model)
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
@@ -57,15 +59,15 @@ def create_app(gateway: Gateway, api_keys: ApiKeys | None = None) -> FastAPI:
         except Exception as exc:  # the chat template refuses some message orders
             raise invalid_request(f"messages cannot be rendered with the model's chat template: {exc}", "messages")
         job = gateway.make_job(body, prompt_ids, tenant, "chatcmpl", traceparent)
-        return await gateway.complete(body, job, chat=True)
+        return await _unless_client_leaves(request, gateway.complete(body, job, chat=True))
 
     @app.post("/v1/completions", response_model=Completion, responses=_ERRORS)
-    async def completions(body: CompletionRequest, tenant: str = Depends(tenant), traceparent: str = Depends(traceparent)):
+    async def completions(request: Request, body: CompletionRequest, tenant: str = Depends(tenant), traceparent: str = Depends(traceparent)):
         gateway.check_model(body.model)
         prompt = body.prompt
         prompt_ids = gateway.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         job = gateway.make_job(body, prompt_ids, tenant, "cmpl", traceparent)
-        return await gateway.complete(body, job, chat=False)
+        return await _unless_client_leaves(request, gateway.complete(body, job, chat=False))
 
     @app.get("/v1/models", response_model=ModelList, responses=_ERRORS)
     async def models(tenant: str = Depends(tenant)):
@@ -94,3 +96,16 @@ def create_app(gateway: Gateway, api_keys: ApiKeys | None = None) -> FastAPI:
         return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+async def _unless_client_leaves(request: Request, answer):
+    """Await `answer`, but cancel it (and so the engine's work) if the client disconnects
+    first. A streamed answer returns at its first token; the stream watches from then on."""
+    task = asyncio.ensure_future(answer)
+    while not task.done():
+        await asyncio.wait([task], timeout=DISCONNECT_POLL_S)
+        if not task.done() and await request.is_disconnected():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return Response(status_code=499)  # nobody reads it: the client has gone
+    return task.result()
