@@ -1,0 +1,88 @@
+"""The routing decision as a pure function: pool by length, engine by free KV."""
+
+import pytest
+
+from services.gateway.routing import EngineView, Refusal, plan_route
+
+
+def engine(engine_id, pool="short", chunk_size=256, max_model_len=2048, free=1.0, running=0, waiting=0):
+    return EngineView(engine_id, f"10.0.0.1:{len(engine_id)}", pool, "m", chunk_size, max_model_len, free, running, waiting)
+
+
+SHORT = [engine("s1", free=0.5), engine("s2", free=0.9)]
+LONG = [engine("l1", pool="long", chunk_size=2048, max_model_len=32768, free=0.7)]
+
+
+def test_nothing_registered_is_no_engines():
+    assert plan_route([], 10, 10).refusal is Refusal.NO_ENGINES
+
+
+def test_short_prompt_goes_to_the_smallest_chunk_that_holds_it():
+    plan = plan_route(SHORT + LONG, prompt_tokens=100, max_tokens=50)
+    assert [r.pool for r in plan.routes] == ["short", "long"]
+    assert plan.routes[0].chunk_size == 256 and plan.pool == "short"
+
+
+def test_engines_are_ordered_by_free_kv():
+    plan = plan_route(SHORT, 100, 50)
+    assert [e.engine_id for e in plan.routes[0].engines] == ["s2", "s1"]
+
+
+def test_equal_free_kv_prefers_the_less_busy_engine():
+    plan = plan_route([engine("a", running=5), engine("b", running=1)], 10, 10)
+    assert [e.engine_id for e in plan.routes[0].engines] == ["b", "a"]
+
+
+def test_long_prompt_goes_to_the_pool_whose_context_holds_it():
+    plan = plan_route(SHORT + LONG, prompt_tokens=5000, max_tokens=100)
+    assert [r.pool for r in plan.routes] == ["long"]
+
+
+def test_prompt_over_every_chunk_prefers_the_largest_chunk():
+    big_short = [engine("s", chunk_size=256, max_model_len=32768)]
+    plan = plan_route(big_short + LONG, prompt_tokens=3000, max_tokens=10)
+    assert [r.pool for r in plan.routes] == ["long", "short"]
+
+
+def test_never_fits_reports_the_largest_context():
+    plan = plan_route(SHORT + LONG, prompt_tokens=32000, max_tokens=1000)
+    assert plan.refusal is Refusal.NEVER_FITS and plan.max_context == 32768
+
+
+@pytest.mark.parametrize("full", [engine("f", free=0.05), engine("q", waiting=1024)])
+def test_full_engines_are_skipped(full):
+    plan = plan_route([full, engine("ok", free=0.2)], 10, 10)
+    assert [e.engine_id for e in plan.routes[0].engines] == ["ok"]
+
+
+def test_every_fitting_engine_full_is_overloaded_and_still_names_the_pool():
+    plan = plan_route([engine("a", free=0.01), engine("b", free=0.07)], 10, 10)
+    assert plan.refusal is Refusal.OVERLOADED and plan.pool == "short"
+
+
+def test_full_preferred_pool_falls_back_to_the_next():
+    plan = plan_route([engine("s", free=0.0)] + LONG, 100, 10)
+    assert [r.pool for r in plan.routes] == ["long"] and plan.pool == "short"
+
+
+def test_an_engine_with_another_chunk_size_in_the_pool_is_not_used():
+    plan = plan_route([engine("a"), engine("b"), engine("odd", chunk_size=512)], 10, 10)
+    assert {e.engine_id for e in plan.routes[0].engines} == {"a", "b"}
+
+
+@pytest.mark.parametrize("entry", [
+    {},
+    {"address": "h:1", "pool": "p", "model": "m", "chunk_size": "x", "max_model_len": 10, "free_kv_fraction": 1},
+    {"address": "h:1", "pool": "p", "model": "m", "chunk_size": 0, "max_model_len": 10, "free_kv_fraction": 1},
+    {"address": "h:1", "pool": "p", "model": "m", "chunk_size": 16, "max_model_len": 10, "free_kv_fraction": None},
+])
+def test_broken_registry_entries_are_ignored(entry):
+    assert EngineView.from_entry("e", entry) is None
+
+
+def test_registry_entry_as_the_engine_writes_it():
+    from engine.registry import EngineProfile, EngineStats, registry_entry
+
+    profile = EngineProfile("e1", "10.1.2.3:5555", "long", "a100-80g", "m", 2048, 4, 8192, 8192)
+    view = EngineView.from_entry("e1", registry_entry(profile, EngineStats(running=2, waiting=1, kv_usage=0.25)))
+    assert view == EngineView("e1", "10.1.2.3:5555", "long", "m", 2048, 8192, 0.75, 2, 1)
