@@ -17,3 +17,9 @@ class EngineConfig:
     dtype: str = "float32"
     cpu_memory_budget_gib: float = 2.0  # what weights + KV may use when device is cpu
     gpu_memory_utilization: float = 0.90  # fraction of GPU memory weights + KV may use
+    # LoRA adapters (engine/lora/)
+    max_loras: int = 0  # adapters on the device at once; 0 turns adapters off
+    max_cpu_loras: int = 8  # adapters whose weights stay in CPU memory (at least max_loras)
+    max_lora_rank: int = 64  # slots are this wide; adapters of higher rank are refused
+    adapter_root: str | None = None  # adapters load only from folders under this one
+    lora_kernel: str = "torch"  # "torch", or "triton" (CUDA, or TRITON_INTERPRET=1 on a CPU)

@@ -13,6 +13,10 @@ from engine.forward_batch import build_forward_batch
 from engine.hardware import GIB, resolve_max_chunk_per_gpu
 from engine.kv_cache import KVCache, kv_bytes_per_token
 from engine.loader import LoadedModel
+from engine.lora.adapter import AdapterRef, LoadedAdapter
+from engine.lora.manager import AdapterManager
+from engine.lora.settings import check_lora_settings
+from engine.lora.slots import LoRASlots
 from engine.model import LlamaModel
 from engine.sampler import SampledToken, make_generator, sample
 from engine.sampling_params import SamplingParams
@@ -31,6 +35,7 @@ class EngineRequest:
     chunk_size: int  # the chunk_size the caller padded for
     pad_length: int = 0
     deadline: float | None = None  # time.time() seconds
+    adapter: AdapterRef | None = None  # None: the base model
 
 
 @dataclass
@@ -81,17 +86,23 @@ class LLMEngine:
     def __init__(self, model: LoadedModel, config: EngineConfig = EngineConfig()):
         if config.chunk_size % config.block_size:
             raise EngineConfigError(f"chunk_size {config.chunk_size} must be a multiple of block_size {config.block_size}")
+        check_lora_settings(config)
         self.config = config
         self.tokenizer = model.tokenizer
         self.model_config = model.config
         self.device = torch.device(config.device)
         dtype = getattr(torch, config.dtype)
-        self.model = LlamaModel(model.config, model.weights, self.device, dtype)
+        lora_slots = (
+            LoRASlots(model.config, config.max_loras, config.max_lora_rank, self.device, dtype, config.lora_kernel)
+            if config.max_loras
+            else None
+        )
+        self.model = LlamaModel(model.config, model.weights, self.device, dtype, lora_slots)
         self.max_chunk_per_gpu = resolve_max_chunk_per_gpu(
             config.max_chunk_per_gpu,
             config.node_type,
             self._memory_budget_bytes(),
-            self.model.weight_bytes,
+            self.model.weight_bytes + (lora_slots.nbytes if lora_slots else 0),
             self._activation_reserve_bytes(dtype),
             config.chunk_size * kv_bytes_per_token(model.config, dtype),
         )
@@ -101,6 +112,9 @@ class LLMEngine:
         self.kv = KVCache(model.config, self.capacity_tokens, self.device, dtype)
         self.scheduler = Scheduler(self.block_manager, config.max_num_batched_tokens, config.max_num_seqs)
         self._sequences: dict[str, Sequence] = {}
+        self.adapters = AdapterManager(lora_slots, model.config, config.adapter_root, config.max_cpu_loras, self._adapters_in_use)
+        # requests whose adapter waits for a free slot, in arrival order; they enter the scheduler once it has one
+        self._waiting_for_slot: list[Sequence] = []
         self._streams: dict[str, _Stream] = {}
         self.num_preemptions = 0
         log.info(
@@ -136,13 +150,14 @@ class LLMEngine:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.scheduler.waiting)
+        return len(self.scheduler.waiting) + len(self._waiting_for_slot)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.num_unfinished > 0
+        return self.scheduler.num_unfinished + len(self._waiting_for_slot) > 0
 
     def add_request(self, request: EngineRequest) -> None:
         """Queue a request, or raise EngineError saying why it will not run."""
+        adapter = self.adapters.get(request.adapter) if request.adapter is not None else None
         prompt = self._validate(request)
         seq = Sequence(
             request_id=request.request_id,
@@ -150,10 +165,14 @@ class LLMEngine:
             sampling=request.sampling,
             pad_length=request.pad_length,
             deadline=request.deadline,
+            adapter=adapter,
         )
         self._sequences[seq.request_id] = seq
         self._streams[seq.request_id] = _Stream(IncrementalDetokenizer(self.tokenizer), make_generator(request.sampling.seed))
-        self.scheduler.add(seq)
+        if adapter is None:
+            self.scheduler.add(seq)
+        else:  # enters the scheduler at the next step, once its adapter has a slot
+            self._waiting_for_slot.append(seq)
 
     def _validate(self, request: EngineRequest) -> list[int]:
         invalid = ErrorCode.INVALID_ARGUMENT
@@ -204,10 +223,44 @@ class LLMEngine:
             return None
         return self._finish(seq, FinishReason.ABORT)
 
+    # --- adapters -------------------------------------------------------------------
+
+    def load_adapter(self, name: str, version: str, path: str, checksum: str | None = None) -> LoadedAdapter:
+        """Make `name@version` servable from `path` under the adapter root; call it between steps,
+        from the thread that steps the engine. Raises EngineError (INVALID_ARGUMENT, ADAPTER_NOT_FOUND)."""
+        return self.adapters.load(AdapterRef(name, version), path, checksum)
+
+    def unload_adapter(self, name: str, version: str) -> bool:
+        """Refuse new requests for `name@version`; those admitted already finish on it."""
+        return self.adapters.unload(AdapterRef(name, version))
+
+    @property
+    def adapter_keys(self) -> list[str]:
+        return self.adapters.keys
+
+    def _adapters_in_use(self) -> set[int]:
+        return {s.adapter.id for s in (*self.scheduler.waiting, *self.scheduler.running) if s.adapter is not None}
+
+    def _schedule_adapter_requests(self) -> list[RequestOutput]:
+        """Move requests whose adapter has (or can now get) a device slot into the scheduler."""
+        failed = []
+        for seq in list(self._waiting_for_slot):
+            try:
+                slot = self.adapters.slot_for(seq.adapter)
+            except EngineError as error:
+                failed.append(self._finish(seq, FinishReason.ERROR, error))
+                continue
+            if slot is not None:
+                seq.lora_slot = slot
+                self._waiting_for_slot.remove(seq)
+                self.scheduler.add(seq)
+        return failed
+
     # --- the loop ---------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         outputs = self._expire_deadlines()
+        outputs += self._schedule_adapter_requests()
         batch = self.scheduler.schedule()
         self.num_preemptions += len(batch.preempted)
         if not batch.items:
@@ -276,6 +329,8 @@ class LLMEngine:
         return output
 
     def _finish(self, seq: Sequence, reason: FinishReason, error: EngineError | None = None) -> RequestOutput:
+        if seq in self._waiting_for_slot:
+            self._waiting_for_slot.remove(seq)
         self.scheduler.finish(seq)
         seq.finish_reason = reason
         stream = self._streams.pop(seq.request_id)

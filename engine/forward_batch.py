@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.lora.batch import LoRABatch, build_lora_batch
 from engine.sequence import Sequence
 
 
@@ -36,6 +37,7 @@ class ForwardBatch:
     prefills: list[PrefillSegment]
     logits_rows: torch.Tensor  # [S] rows whose output is sampled, in `sampled` order
     sampled: list[Sequence]  # sequences that get a new token from this step
+    lora: LoRABatch | None = None  # each token's adapter slot; None when every token is for the base model
 
 
 def _slots(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -46,12 +48,14 @@ def build_forward_batch(items: list[tuple[Sequence, int]], block_size: int, devi
     input_ids, positions, slot_mapping = [], [], []
     decode_rows, decode_tables, decode_lengths = [], [], []
     prefills, logits_rows, sampled = [], [], []
+    token_slots = []
     row = 0
     for seq, n in items:
         start_pos, end_pos = seq.num_computed_tokens, seq.num_computed_tokens + n
         table = torch.tensor(seq.block_table, dtype=torch.long)
         seq_positions = torch.arange(start_pos, end_pos)
         input_ids.extend(seq.token_at(p) for p in range(start_pos, end_pos))
+        token_slots.extend([seq.lora_slot] * n)
         positions.append(seq_positions)
         slot_mapping.append(_slots(table, seq_positions, block_size))
         if n == 1:
@@ -83,6 +87,7 @@ def build_forward_batch(items: list[tuple[Sequence, int]], block_size: int, devi
         prefills=prefills,
         logits_rows=torch.tensor(logits_rows, dtype=torch.long, device=device),
         sampled=sampled,
+        lora=build_lora_batch(token_slots, device),
     )
 
 

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from engine.attention import paged_attention
 from engine.forward_batch import ForwardBatch
 from engine.kv_cache import KVCache
+from engine.lora.slots import LoRASlots
 from engine.model_config import ModelConfig
 from engine.rope import RotaryEmbedding, apply_rotary
 
@@ -33,8 +34,9 @@ class LayerWeights:
 
 
 class LlamaModel:
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], device, dtype: torch.dtype):
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], device, dtype: torch.dtype, lora: LoRASlots | None = None):
         self.config = config
+        self.lora = lora  # adapters' deltas, added to the projections of tokens that use one
 
         def w(name: str) -> torch.Tensor:
             return weights[name].to(device=device, dtype=dtype)
@@ -77,14 +79,21 @@ class LlamaModel:
         x = self.embed_tokens[batch.input_ids]
         for index, layer in enumerate(self.layers):
             h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
-            qk, v = F.linear(h, layer.qkv, layer.qkv_bias).split([q_size + kv_size, kv_size], dim=-1)
+            qkv = self._project(batch, index, "qkv", h, layer.qkv, layer.qkv_bias)
+            qk, v = qkv.split([q_size + kv_size, kv_size], dim=-1)
             qk = apply_rotary(qk.reshape(-1, c.num_heads + c.num_kv_heads, c.head_dim), cos, sin)
             q, k = qk.split([c.num_heads, c.num_kv_heads], dim=1)
             v = v.reshape(-1, c.num_kv_heads, c.head_dim)
             attended = paged_attention(q, k, v, kv.k[index], kv.v[index], batch)
-            x = x + F.linear(attended.view(-1, q_size), layer.o, layer.o_bias)
+            x = x + self._project(batch, index, "o", attended.view(-1, q_size), layer.o, layer.o_bias)
             h = rms_norm(x, layer.post_attention_norm, c.rms_norm_eps)
-            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down)
+            gate, up = self._project(batch, index, "gate_up", h, layer.gate_up).chunk(2, dim=-1)
+            x = x + self._project(batch, index, "down", F.silu(gate) * up, layer.down)
         last = rms_norm(x[batch.logits_rows], self.norm, c.rms_norm_eps)
         return F.linear(last, self.lm_head).float()
+
+    def _project(self, batch: ForwardBatch, layer: int, name: str, x: torch.Tensor, weight, bias=None) -> torch.Tensor:
+        out = F.linear(x, weight, bias)
+        if batch.lora is not None:
+            self.lora.add_delta(layer, name, x, out, batch.lora)
+        return out

@@ -26,9 +26,10 @@ class EngineStats:
     waiting: int = 0
     kv_usage: float = 0.0  # fraction of KV blocks in use
     preemptions: int = 0
+    adapters: tuple[str, ...] = ()  # name@version of the adapters it serves
 
 
-def registry_entry(profile: EngineProfile, stats: EngineStats, adapters: list[str] | None = None) -> dict:
+def registry_entry(profile: EngineProfile, stats: EngineStats) -> dict:
     return {
         "engine_id": profile.engine_id,
         "address": profile.address,
@@ -42,5 +43,5 @@ def registry_entry(profile: EngineProfile, stats: EngineStats, adapters: list[st
         "free_kv_fraction": round(1.0 - stats.kv_usage, 6),
         "running": stats.running,
         "waiting": stats.waiting,
-        "adapters": list(adapters or []),
+        "adapters": list(stats.adapters),
     }

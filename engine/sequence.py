@@ -5,6 +5,8 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
+from engine.lora.adapter import LoadedAdapter
+from engine.lora.batch import BASE_SLOT
 from engine.sampling_params import SamplingParams
 
 
@@ -31,6 +33,8 @@ class Sequence:
     sampling: SamplingParams
     pad_length: int = 0
     deadline: float | None = None  # time.time() seconds; None = none
+    adapter: LoadedAdapter | None = None  # None: the base model
+    lora_slot: int = BASE_SLOT  # the device slot holding its adapter, set when it enters the scheduler
     output_token_ids: list[int] = field(default_factory=list)
     # tokens whose KV is in the cache; prompt and output tokens alike
     num_computed_tokens: int = 0

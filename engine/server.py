@@ -13,11 +13,17 @@ On shutdown every request still running is answered with an Error CANCELLED.
 One thread runs `serve`: it blocks on the socket while the engine is idle, and between
 steps only looks for frames without waiting. Outputs wait in an Outbox when a peer's
 queue is full; past `max_pending_messages` the engine stops stepping until they drain,
-so a slow reader costs memory up to a bound, never a busy loop."""
+so a slow reader costs memory up to a bound, never a busy loop.
+
+Other threads change the engine (e.g. load or unload an adapter) only through
+`call_between_steps`: the serving thread runs the call before its next step."""
 
 import logging
+import queue
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import zmq
@@ -80,6 +86,7 @@ class EngineServer:
         self._outbox = Outbox(self.socket)
         self._routes: dict[str, _Route] = {}
         self.malformed_frames = 0
+        self._calls: queue.SimpleQueue[tuple[Callable, Future]] = queue.SimpleQueue()
         self.stats = EngineStats()
         self._publish_stats()
 
@@ -90,7 +97,27 @@ class EngineServer:
         while not stop.is_set():
             self.run_once()
 
+    def call_between_steps(self, fn: Callable[[], object]) -> Future:
+        """Run `fn` on the serving thread before its next step (within idle_poll_ms when idle);
+        the future holds its result or exception."""
+        future: Future = Future()
+        self._calls.put((fn, future))
+        return future
+
+    def _run_calls(self) -> None:
+        while True:
+            try:
+                fn, future = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except Exception as exc:
+                    future.set_exception(exc)
+
     def run_once(self) -> None:
+        self._run_calls()
         if self._can_step():
             timeout_ms = 0
         elif self._outbox.pending:
@@ -119,6 +146,7 @@ class EngineServer:
             waiting=self.engine.num_waiting,
             kv_usage=self.engine.kv_usage,
             preemptions=self.engine.num_preemptions,
+            adapters=tuple(self.engine.adapter_keys),
         )
         self.metrics.update_load(self.stats)
 
@@ -154,11 +182,6 @@ class EngineServer:
             self._refuse(identity, request_id, EngineError(ErrorCode.INTERNAL, f"engine server error: {exc}"))
 
     def _admit(self, identity: bytes, request: k25_pb2.GenerateRequest) -> None:
-        if request.adapter.name:
-            raise EngineError(
-                ErrorCode.ADAPTER_NOT_FOUND,
-                f"adapter {request.adapter.name!r} version {request.adapter.version!r} is not loaded on this engine",
-            )
         self.engine.add_request(request_from_proto(request))
         self._routes[request.request_id] = _Route(identity, time.monotonic())
 

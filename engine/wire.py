@@ -8,6 +8,7 @@ from google.protobuf.message import DecodeError
 
 from engine.engine import EngineRequest, RequestOutput, Timings, Usage
 from engine.errors import EngineError, ErrorCode
+from engine.lora.adapter import AdapterRef
 from engine.sampler import SampledToken
 from engine.sampling_params import SamplingParams
 from engine.sequence import FinishReason
@@ -61,6 +62,7 @@ def request_from_proto(request: k25_pb2.GenerateRequest) -> EngineRequest:
         chunk_size=request.chunk_size,
         pad_length=request.pad_length,
         deadline=request.deadline_unix_s or None,
+        adapter=AdapterRef(request.adapter.name, request.adapter.version) if request.adapter.name else None,
     )
 
 

@@ -1,0 +1,90 @@
+"""Greedy parity with transformers + peft for one batch that mixes three adapters and the base
+model: the adapters are random (B non-zero) and written by peft itself, the references come
+from the same peft model, one adapter active at a time (tests/parity.py's near-tie rule)."""
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.engine import LLMEngine
+from engine.loader import load_model
+from engine.sampling_params import SamplingParams
+from k25.tokenizer import load_tokenizer
+from tests.fixtures.parity_prompts import parity_prompt_ids
+from tests.lora_helpers import MIXED_SPECS, attach_random_adapters, peft_references, run_mixed
+from tests.parity import compare
+from tests.test_parity import save_random_llama
+
+NEW_TOKENS = 12
+GREEDY = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
+VARIANTS = [None, *MIXED_SPECS]  # the base model and the three adapters
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    ids = parity_prompt_ids(load_tokenizer("smollm2-135m"))
+    return [p for p in ids if len(p) < 300][:3]
+
+
+def check_mixed_batch(engine, prompts, references, label, parity_report):
+    for name in MIXED_SPECS:
+        engine.load_adapter(name, "v1", name)
+    jobs = [(prompt, name) for prompt in prompts for name in VARIANTS]
+    outputs = run_mixed(engine, jobs, GREEDY)
+    comparisons = []
+    for (prompt, name), out in zip(jobs, outputs):
+        assert out.finish_reason.value == "length", out.last.error
+        comparisons.append(compare(out.token_ids, references[name][prompts.index(prompt)]))
+    for i, prompt in enumerate(prompts):
+        base = references[None][i].token_ids
+        for name in MIXED_SPECS:
+            assert references[name][i].token_ids != base, f"adapter {name} does not change the output: a weak test"
+    near_ties = sum(c.near_tie for c in comparisons)
+    parity_report.append(
+        f"LoRA {label}: {len(jobs)} requests ({len(prompts)} prompts x base + 3 adapters, one batch), "
+        f"{sum(c.matched for c in comparisons)} tokens equal to transformers+peft, {near_ties} stopped at a near-tie"
+    )
+    assert near_ties <= 2
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+@pytest.fixture(scope="module")
+def tiny_setup(tmp_path_factory, tiny_model, prompts):
+    from transformers import LlamaForCausalLM
+
+    folder = save_random_llama(tmp_path_factory.mktemp("tiny-llama"), tiny_model.tokenizer)
+    root = tmp_path_factory.mktemp("adapters")
+    peft_model = attach_random_adapters(LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval(), MIXED_SPECS)
+    peft_model.save_pretrained(root)
+    return folder, root, peft_references(peft_model, prompts, NEW_TOKENS)
+
+
+# (label, max_loras, max_cpu_loras): every adapter in a slot; fewer slots than adapters, so some
+# requests wait for a slot and adapters are re-read from disk after leaving the CPU cache
+TINY_MODES = [("3 slots", 3, 3), ("2 slots, CPU cache 2", 2, 2), ("1 slot, CPU cache 1", 1, 1)]
+
+
+@pytest.mark.parametrize("label, max_loras, max_cpu_loras", TINY_MODES, ids=[m[0] for m in TINY_MODES])
+def test_tiny_mixed_batch_matches_peft(tiny_setup, prompts, label, max_loras, max_cpu_loras, parity_report):
+    folder, root, references = tiny_setup
+    config = EngineConfig(
+        chunk_size=64, max_chunk_per_gpu=16, max_loras=max_loras, max_cpu_loras=max_cpu_loras,
+        max_lora_rank=16, adapter_root=str(root),
+    )
+    engine = LLMEngine(load_model(str(folder)), config)
+    check_mixed_batch(engine, prompts, references, f"tiny HF folder, {label}", parity_report)
+    assert engine.adapters.slot_writes >= len(MIXED_SPECS), "every adapter went through a slot, some through a reused one"
+    if max_cpu_loras == 1:
+        assert engine.adapters.disk_reads > len(MIXED_SPECS), "evicted adapters are read again from disk"
+
+
+@pytest.mark.slow
+def test_smollm2_mixed_batch_matches_peft(hf_smollm2, smollm2, prompts, tmp_path, parity_report):
+    import copy
+
+    peft_model = attach_random_adapters(copy.deepcopy(hf_smollm2), MIXED_SPECS)  # the session's model stays bare
+    peft_model.save_pretrained(tmp_path)
+    references = peft_references(peft_model, prompts, NEW_TOKENS)
+    del peft_model
+    config = EngineConfig(chunk_size=64, max_chunk_per_gpu=16, max_loras=2, max_lora_rank=16, adapter_root=str(tmp_path))
+    check_mixed_batch(LLMEngine(smollm2, config), prompts, references, "SmolLM2, 2 slots", parity_report)
