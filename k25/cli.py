@@ -14,6 +14,8 @@ COMMAND_MODULES = [
     "k25.commands.simulate",
     "k25.commands.operator",
     "k25.commands.engine",
+    "k25.commands.chunk",
+    "k25.commands.chunker",
     "k25.commands.gateway",
     "k25.commands.api_key",
     "k25.commands.up",

@@ -35,6 +35,22 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=run_load_bench)
 
+    p = kinds.add_parser(
+        "chunk",
+        help="the chunker's speed and clause split rate vs fixed token windows",
+        description="MB/s and chunks/s with the tokenizer included (best of --repeats), and the share of clauses "
+        "(non-empty lines) that no single chunk holds, for fixed windows and for the chunker, side by side.",
+    )
+    p.add_argument("files", nargs="+", metavar="FILE", help="UTF-8 documents, e.g. tests/fixtures/contracts/*.txt")
+    p.add_argument("--model", default="smollm2-135m", help="whose tokenizer counts the tokens")
+    p.add_argument("--chunk-size", type=int, default=512, help="chunk size of the speed measurement (default 512)")
+    p.add_argument("--split-chunk-sizes", type=int, nargs="+", default=[128, 256, 512, 1024], help="chunk sizes of the split rate table")
+    p.add_argument("--overlap-ratio", type=float, default=0.1)
+    p.add_argument("--semantic-threshold", type=float, default=0.5)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.set_defaults(handler=run_chunk_bench)
+
 
 def run_engine_bench(args: argparse.Namespace) -> int:
     from engine.bench import bench_engine, make_workload
@@ -70,4 +86,40 @@ def run_load_bench(args: argparse.Namespace) -> int:
     print(f"k25 loader     {result['k25_seconds']:6.2f} s  (best of {args.repeats}, fresh process each)")
     print(f"transformers   {result['transformers_seconds']:6.2f} s  (AutoModelForCausalLM.from_pretrained(gguf_file=...), fp32)")
     print(f"ratio          {result['ratio']:6.1f}x faster")
+    return 0
+
+
+def run_chunk_bench(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from k25.commands.chunk import read_text
+    from k25.model_source import ModelLoadError
+    from k25.tokenizer import load_tokenizer
+    from services.chunker.bench import bench_chunker
+    from services.chunker.boundaries import ChunkParams
+
+    try:
+        if args.repeats < 1:
+            raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
+        params = [ChunkParams(size, args.overlap_ratio, args.semantic_threshold) for size in (args.chunk_size, *args.split_chunk_sizes)]
+        texts = [read_text(path) for path in args.files]
+        tokenizer = load_tokenizer(args.model)
+    except (ValueError, ModelLoadError) as exc:
+        print(f"k25 bench chunk: {exc}", file=sys.stderr)
+        return 2
+    with tqdm(total=2 * args.repeats + len(args.split_chunk_sizes), desc="bench chunk", file=sys.stderr) as bar:
+        result = bench_chunker(tokenizer, texts, params[0], args.split_chunk_sizes, args.repeats, tick=bar.update)
+    if args.json:
+        print(json.dumps(result.as_dict()))
+        return 0
+    print(f"documents      {result.documents} files, {result.characters:,} characters, {result.utf8_bytes:,} UTF-8 bytes, "
+          f"{result.tokens:,} tokens ({args.model})")
+    print(f"speed          chunk {args.chunk_size}, overlap {args.overlap_ratio}, tokenizer included, best of {args.repeats}")
+    for name, speed in (("k25 chunker", result.k25_speed), ("fixed window", result.fixed_speed)):
+        print(f"  {name:13s}{speed.mb_per_s:8.2f} MB/s {speed.chunks_per_s:10.0f} chunks/s")
+    print("clause split rate (clauses no chunk holds whole; a clause is a non-empty line)")
+    print("  chunk   clauses        all: fixed     k25    fitting: fixed     k25    chunks: fixed   k25")
+    for r in result.split_rates:
+        print(f"  {r.chunk_size:5d} {r.clauses:5d} ({r.clauses_that_fit:4d} fit) {r.fixed_split_rate:10.1%} {r.k25_split_rate:7.1%}"
+              f" {r.fixed_split_rate_of_fitting:14.1%} {r.k25_split_rate_of_fitting:7.1%} {r.fixed_chunks:13d} {r.k25_chunks:5d}")
     return 0

@@ -1,0 +1,84 @@
+"""`k25 chunker`: serve semantic chunking to gateways over ZMQ, with Prometheus metrics."""
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+from k25.commands.chunk import DEFAULT_MODEL, add_chunk_params
+
+log = logging.getLogger("k25.chunker")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "chunker",
+        help="serve document chunking to gateways over ZMQ",
+        description="Load the model's tokenizer and answer ChunkRequests on a ZMQ ROUTER socket; Prometheus "
+        "k25_chunker_* metrics on --metrics-port. The chunk parameters below are the defaults for requests that "
+        "leave them unset. SIGTERM or SIGINT shuts it down cleanly.",
+    )
+    p.add_argument("--zmq-port", type=int, default=5600, help="ROUTER port (default 5600)")
+    p.add_argument("--metrics-port", type=int, default=9600, help="Prometheus /metrics port; 0 turns it off (default 9600)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"whose tokenizer counts the tokens (default {DEFAULT_MODEL})")
+    p.add_argument(
+        "--max-document-bytes", type=int, default=8 << 20,
+        help="larger documents are refused with INVALID_ARGUMENT (default 8 MiB)",
+    )
+    add_chunk_params(p)
+    p.add_argument("--sndhwm", type=int, default=5000, help="ZMQ send high-water mark per peer (default 5000)")
+    p.add_argument("--rcvhwm", type=int, default=5000, help="ZMQ receive high-water mark per peer (default 5000)")
+    p.add_argument("--linger-ms", type=int, default=1000, help="how long unsent answers may delay shutdown (default 1000)")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import zmq
+
+    from k25.model_source import ModelLoadError
+    from k25.tokenizer import load_tokenizer
+    from services.chunker.boundaries import ChunkParams
+    from services.chunker.chunker import Chunker
+    from services.chunker.metrics import ChunkerMetrics
+    from services.chunker.server import ChunkerServer, ChunkerSettings
+
+    try:
+        if args.max_document_bytes < 1:
+            raise ValueError(f"--max-document-bytes must be positive, got {args.max_document_bytes}")
+        defaults = ChunkParams(args.chunk_size, args.overlap_ratio, args.semantic_threshold)
+        chunker = Chunker(load_tokenizer(args.model))
+    except (ValueError, ModelLoadError) as exc:
+        print(f"k25 chunker: {exc}", file=sys.stderr)
+        return 2
+    settings = ChunkerSettings(
+        port=args.zmq_port, sndhwm=args.sndhwm, rcvhwm=args.rcvhwm, linger_ms=args.linger_ms,
+        max_document_bytes=args.max_document_bytes, defaults=defaults,
+    )
+    metrics = ChunkerMetrics()
+    try:
+        server = ChunkerServer(chunker, settings, metrics)
+    except zmq.ZMQError as exc:
+        print(f"k25 chunker: cannot listen on ZMQ port {args.zmq_port}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        metrics_port = metrics.serve(args.metrics_port) if args.metrics_port else None
+    except OSError as exc:
+        server.close()
+        print(f"k25 chunker: cannot serve metrics on port {args.metrics_port}: {exc}", file=sys.stderr)
+        return 2
+
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    log.info(
+        "chunker: model %s, zmq port %d, metrics %s, max document %d bytes",
+        args.model, server.port, f":{metrics_port}/metrics" if metrics_port else "off", args.max_document_bytes,
+    )
+    try:
+        server.serve(stop)
+    finally:
+        log.info("chunker shutting down")
+        server.close()
+        metrics.close()
+    return 0

@@ -1,0 +1,122 @@
+"""The chunker's ZMQ server: a ROUTER socket, one ChunkRequest frame in, one ChunkResponse out.
+
+A frame that is not [identity, ChunkRequest] is answered with an Error INVALID_ARGUMENT
+(request_id empty when it could not be read), and so is a document above
+`max_document_bytes`. Frames beyond `max_frame_bytes` (four times the document limit)
+are dropped by ZMQ itself, which closes that peer's connection: the bound on what one
+frame may cost in memory. Answers to a peer that has gone or stopped reading (its queue
+at the high-water mark) are dropped. One thread serves; each document is chunked in turn.
+"""
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import zmq
+
+from proto import k25_pb2
+from services.chunker.boundaries import ChunkParams
+from services.chunker.chunker import Chunker
+from services.chunker.errors import ChunkerError, invalid_argument
+from services.chunker.metrics import ChunkerMetrics
+from services.chunker.wire import decode_request, error_response, params_of, response_of
+
+log = logging.getLogger(__name__)
+
+LOG_FIRST_MALFORMED = 10
+LOG_EVERY_MALFORMED = 1000
+_ENVELOPE_BYTES = 64 << 10  # request fields besides the text
+
+
+@dataclass(frozen=True)
+class ChunkerSettings:
+    port: int = 5600  # 0: any free port (see ChunkerServer.port)
+    bind_host: str = "*"
+    sndhwm: int = 5000
+    rcvhwm: int = 5000
+    linger_ms: int = 1000
+    poll_ms: int = 100  # how often the loop looks at the stop event
+    max_document_bytes: int = 8 << 20
+    defaults: ChunkParams = field(default_factory=ChunkParams)
+
+    @property
+    def max_frame_bytes(self) -> int:
+        return 4 * self.max_document_bytes + _ENVELOPE_BYTES
+
+
+class ChunkerServer:
+    def __init__(self, chunker: Chunker, settings: ChunkerSettings = ChunkerSettings(), metrics: ChunkerMetrics | None = None):
+        self.chunker = chunker
+        self.settings = settings
+        self.metrics = metrics or ChunkerMetrics()
+        self._context = zmq.Context()
+        self.socket = self._context.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.SNDHWM, settings.sndhwm)
+        self.socket.setsockopt(zmq.RCVHWM, settings.rcvhwm)
+        self.socket.setsockopt(zmq.LINGER, settings.linger_ms)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, settings.max_frame_bytes)
+        try:
+            self.socket.bind(f"tcp://{settings.bind_host}:{settings.port}")
+        except zmq.ZMQError:
+            self.socket.close(linger=0)
+            self._context.term()
+            raise
+        self.port = int(self.socket.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
+        self.malformed_frames = 0
+
+    def serve(self, stop: threading.Event) -> None:
+        log.info("chunker listening on tcp://%s:%d", self.settings.bind_host, self.port)
+        while not stop.is_set():
+            if self.socket.poll(self.settings.poll_ms, zmq.POLLIN):
+                self._handle(self.socket.recv_multipart())
+
+    def _handle(self, frames: list[bytes]) -> None:
+        identity, request_id = frames[0], ""
+        try:
+            if len(frames) != 2:
+                raise invalid_argument(f"expected one ChunkRequest frame, got {len(frames) - 1} frames")
+            request = decode_request(frames[1])
+            request_id = request.request_id
+            response = self._chunk(request)
+        except ChunkerError as error:
+            if error.code == "INVALID_ARGUMENT":
+                self._log_malformed(identity, error)
+            response = error_response(request_id, error)
+        except Exception as exc:  # a bug handling one frame must not stop the server
+            log.exception("failed to handle a frame from peer %s", identity.hex())
+            response = error_response(request_id, ChunkerError("INTERNAL", f"chunker error: {exc}"))
+        outcome = k25_pb2.ErrorCode.Name(response.error.code) if response.HasField("error") else "ok"
+        self.metrics.requests.labels(outcome=outcome).inc()
+        try:
+            self.socket.send_multipart([identity, response.SerializeToString()], zmq.NOBLOCK)
+        except zmq.Again:
+            log.warning("dropped the answer to %r: peer %s is not reading", request_id, identity.hex())
+
+    def _chunk(self, request: k25_pb2.ChunkRequest) -> k25_pb2.ChunkResponse:
+        params = params_of(request, self.settings.defaults)
+        size = len(request.text.encode("utf-8"))
+        if size > self.settings.max_document_bytes:
+            raise invalid_argument(
+                f"the document is {size} bytes; this chunker accepts at most {self.settings.max_document_bytes} "
+                "(--max-document-bytes)"
+            )
+        started = time.perf_counter()
+        document = self.chunker.chunk(request.text, params)
+        self.metrics.duration.observe(time.perf_counter() - started)
+        self.metrics.document_bytes.observe(size)
+        self.metrics.chunks.inc(len(document.chunks))
+        self.metrics.tokens.inc(document.total_tokens)
+        log.debug("chunked %r (traceparent %r): %d tokens, %d chunks", request.request_id,
+                  request.trace.traceparent, document.total_tokens, len(document.chunks))
+        return response_of(request.request_id, document)
+
+    def _log_malformed(self, identity: bytes, error: ChunkerError) -> None:
+        self.malformed_frames += 1
+        n = self.malformed_frames
+        if n <= LOG_FIRST_MALFORMED or n % LOG_EVERY_MALFORMED == 0:
+            log.warning("invalid request from peer %s (%d so far): %s", identity.hex(), n, error.message)
+
+    def close(self) -> None:
+        self.socket.close(linger=self.settings.linger_ms)
+        self._context.term()
