@@ -2,6 +2,8 @@
 
 When Redis cannot be read the gateway keeps routing with the last engines it saw (their
 own connections tell it if one of them dies) and reports the outage in /readyz and the log.
+A Redis that comes back may have lost every key: for one heartbeat TTL after an outage,
+engines seen before it stay in the view until they have had the time to register again.
 """
 
 import asyncio
@@ -17,9 +19,11 @@ log = logging.getLogger(__name__)
 
 
 class RegistryView:
-    def __init__(self, client: redis.Redis, release: str):
+    def __init__(self, client: redis.Redis, release: str, recovery_grace_s: float = 5.0):
         self.client = client
         self.release = release
+        self.recovery_grace_s = recovery_grace_s
+        self._recovering_until = 0.0
         self.engines: list[EngineView] = []
         self.redis_ok: bool | None = None  # None until the first read
         self.last_read_at: float | None = None
@@ -32,12 +36,18 @@ class RegistryView:
                 log.warning("registry Redis unreachable (%s); routing with the last %d engines seen", exc, len(self.engines))
             self.redis_ok = False
             return
+        now = time.time()
         if self.redis_ok is False:
             log.info("registry Redis is back: %d engines", len(entries))
+            self._recovering_until = now + self.recovery_grace_s
         views = [EngineView.from_entry(engine_id, entry) for engine_id, entry in entries.items()]
         broken = [engine_id for engine_id, view in zip(entries, views) if view is None]
         if broken:
             log.warning("ignoring unreadable registry entries: %s", ", ".join(broken))
-        self.engines = [v for v in views if v is not None]
+        fresh = [v for v in views if v is not None]
+        if now < self._recovering_until:
+            fresh_ids = {v.engine_id for v in fresh}
+            fresh += [e for e in self.engines if e.engine_id not in fresh_ids]
+        self.engines = fresh
         self.redis_ok = True
-        self.last_read_at = time.time()
+        self.last_read_at = now
