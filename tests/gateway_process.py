@@ -45,14 +45,19 @@ class ServiceProcess:
 
 
 def http_json(url: str, body: dict | None = None, headers: dict | None = None, timeout_s: float = 60):
-    """(status, headers, parsed JSON body) of a GET, or of a POST when `body` is given."""
+    """(status, headers with lower-case names, parsed JSON body) of a GET, or of a POST when
+    `body` is given."""
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return response.status, dict(response.headers), json.loads(response.read() or b"null")
+            return response.status, _lower(response.headers), json.loads(response.read() or b"null")
     except urllib.error.HTTPError as exc:
-        return exc.code, dict(exc.headers), json.loads(exc.read() or b"null")
+        return exc.code, _lower(exc.headers), json.loads(exc.read() or b"null")
+
+
+def _lower(headers) -> dict:
+    return {name.lower(): value for name, value in headers.items()}
 
 
 def _wait_ready(service: ServiceProcess, timeout_s: float) -> ServiceProcess:
