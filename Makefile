@@ -38,7 +38,7 @@ chart-crds:
 	cp k8s/crds/*.yaml charts/k25/crds/
 
 run: $(STAMP)
-	$(BIN)/k25 generate --chat "What is a paged KV cache?"
+	$(BIN)/k25 up
 
 test: $(STAMP) $(HELM)
 	$(BIN)/python -m pytest -q -ra --durations=15

@@ -87,7 +87,7 @@ def run(args) -> int:
             redis_url = f"redis://127.0.0.1:{port}/0"
         client = redis.Redis.from_url(redis_url, socket_connect_timeout=0.5, socket_timeout=1.0)
         wait_for("Redis", lambda: _pings(client), timeout_s=20)
-        say(f"redis      {redis_url}")
+        say(f"{'redis':<18} {redis_url}")
 
         expected = 0
         for pool, chunk_size in pools:
@@ -100,7 +100,7 @@ def run(args) -> int:
         say(f"starting {expected} engine(s) with {args.model} (logs in {log_dir}) ...")
         wait_for("the engines", lambda: len(_engines(client, args.release, live_engines)) >= expected)
         for engine_id, entry in sorted(_engines(client, args.release, live_engines).items()):
-            say(f"{engine_id:<10} pool {entry['pool']}, chunk_size {entry['chunk_size']}, tcp://{entry['address']}")
+            say(f"{engine_id:<18} pool {entry['pool']}, chunk_size {entry['chunk_size']}, tcp://{entry['address']}")
 
         gateway_argv = [*k25, "gateway", "--host", args.host, "--port", str(args.port), "--model", args.model,
                         "--redis-url", redis_url, "--release", args.release]
@@ -109,7 +109,7 @@ def run(args) -> int:
         group.spawn("gateway", gateway_argv)
         base = f"http://{args.host}:{args.port}"
         wait_for("the gateway", lambda: _http_ok(f"{base}/readyz"), timeout_s=60)
-        say(f"gateway    {base}  (OpenAI base URL {base}/v1, metrics {base}/metrics)")
+        say(f"{'gateway':<18} {base}  (OpenAI base URL {base}/v1, metrics {base}/metrics)")
         say("ready; Ctrl-C stops everything")
 
         while not stop_requested:
