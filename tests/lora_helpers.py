@@ -34,9 +34,18 @@ def attach_random_adapters(hf_model, specs: dict[str, dict], seed: int = 0):
     return peft_model.eval()
 
 
-def save_random_adapters(hf_model, root, specs: dict[str, dict], seed: int = 0) -> None:
-    """Write root/<name>/adapter_config.json + adapter_model.safetensors for each spec."""
-    attach_random_adapters(hf_model, specs, seed).save_pretrained(root)
+def save_tiny_llama_with_adapters(model_dir, adapter_root, tokenizer, specs: dict[str, dict] = MIXED_SPECS):
+    """A random Llama saved by transformers in model_dir, and adapter_root/<name>/ (PEFT files) for
+    each spec; returns the peft model that wrote them (for references)."""
+    from transformers import LlamaForCausalLM
+
+    from tests.test_parity import save_random_llama
+
+    save_random_llama(model_dir, tokenizer)
+    hf_model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    peft_model = attach_random_adapters(hf_model, specs)
+    peft_model.save_pretrained(adapter_root)
+    return peft_model
 
 
 def peft_references(peft_model, prompts: list[list[int]], new_tokens: int) -> dict:

@@ -3,7 +3,6 @@ model: the adapters are random (B non-zero) and written by peft itself, the refe
 from the same peft model, one adapter active at a time (tests/parity.py's near-tie rule)."""
 
 import pytest
-import torch
 
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
@@ -11,9 +10,8 @@ from engine.loader import load_model
 from engine.sampling_params import SamplingParams
 from k25.tokenizer import load_tokenizer
 from tests.fixtures.parity_prompts import parity_prompt_ids
-from tests.lora_helpers import MIXED_SPECS, attach_random_adapters, peft_references, run_mixed
+from tests.lora_helpers import MIXED_SPECS, attach_random_adapters, peft_references, run_mixed, save_tiny_llama_with_adapters
 from tests.parity import compare
-from tests.test_parity import save_random_llama
 
 NEW_TOKENS = 12
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
@@ -50,12 +48,8 @@ def check_mixed_batch(engine, prompts, references, label, parity_report):
 
 @pytest.fixture(scope="module")
 def tiny_setup(tmp_path_factory, tiny_model, prompts):
-    from transformers import LlamaForCausalLM
-
-    folder = save_random_llama(tmp_path_factory.mktemp("tiny-llama"), tiny_model.tokenizer)
-    root = tmp_path_factory.mktemp("adapters")
-    peft_model = attach_random_adapters(LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval(), MIXED_SPECS)
-    peft_model.save_pretrained(root)
+    folder, root = tmp_path_factory.mktemp("tiny-llama"), tmp_path_factory.mktemp("adapters")
+    peft_model = save_tiny_llama_with_adapters(folder, root, tiny_model.tokenizer)
     return folder, root, peft_references(peft_model, prompts, NEW_TOKENS)
 
 
