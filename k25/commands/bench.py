@@ -51,6 +51,29 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.set_defaults(handler=run_chunk_bench)
 
+    p = kinds.add_parser(
+        "serve",
+        help="load a running gateway: Poisson arrivals, TTFT / inter-token / end-to-end latency",
+        description="Streamed completions against a gateway (e.g. `k25 up --model tiny-random`), in one of three modes: "
+        "open-loop Poisson arrivals at --qps for --duration seconds; --sweep over several QPS levels, printing the "
+        "highest one held at p99 TTFT under --ttft-limit-ms; or --concurrency-probe N streams opened at once.",
+    )
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the gateway (default http://127.0.0.1:8000)")
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--qps", type=float, help="mean request rate of the Poisson arrivals")
+    mode.add_argument("--sweep", metavar="Q1,Q2,...", help="run each of these QPS levels for --duration seconds")
+    mode.add_argument("--concurrency-probe", type=int, metavar="N", help="open N streams at once")
+    p.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals per QPS level (default 30)")
+    p.add_argument("--model", default=None, help="the model to ask for (default: the first the gateway serves)")
+    p.add_argument("--prompt-tokens", type=int, nargs=2, default=[32, 256], metavar=("MIN", "MAX"), help="prompt length range (default 32 256)")
+    p.add_argument("--max-tokens", type=int, nargs=2, default=[16, 64], metavar=("MIN", "MAX"), help="max_tokens range (default 16 64)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds a request may take (default 300)")
+    p.add_argument("--ttft-limit-ms", type=float, default=100.0, help="the p99 TTFT a sweep level must stay under (default 100)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--plot", metavar="FILE", help="write a PNG of the latencies (or of the sweep)")
+    p.set_defaults(handler=run_serve_bench)
+
 
 def run_engine_bench(args: argparse.Namespace) -> int:
     from engine.bench import bench_engine, make_workload
@@ -123,3 +146,9 @@ def run_chunk_bench(args: argparse.Namespace) -> int:
         print(f"  {r.chunk_size:5d} {r.clauses:5d} ({r.clauses_that_fit:4d} fit) {r.fixed_split_rate:10.1%} {r.k25_split_rate:7.1%}"
               f" {r.fixed_split_rate_of_fitting:14.1%} {r.k25_split_rate_of_fitting:7.1%} {r.fixed_chunks:13d} {r.k25_chunks:5d}")
     return 0
+
+
+def run_serve_bench(args: argparse.Namespace) -> int:
+    from k25.bench_serve import run_command
+
+    return run_command(args)
