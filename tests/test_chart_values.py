@@ -3,6 +3,7 @@ installed, each with a message that names the value and says what is wanted; the
 schema stays in step with the EnginePool CRD."""
 
 import json
+import re
 
 import pytest
 import yaml
@@ -82,3 +83,27 @@ def test_the_schema_repeats_the_crds_node_type_rules():
     known = SCHEMA["definitions"]["pool"]["allOf"][0]["if"]["properties"]["nodeType"]["not"]["enum"]
     assert all(f"'{node_type}'" in profiled_rule for node_type in known)
     assert profiled_rule.count("'") == 2 * len(known)
+
+
+def value_paths(node: dict, prefix: str = ""):
+    """Every settable value's dotted path; maps that are free-form (resources, selectors) count as one."""
+    free_form = {"resources", "pools", "podSecurityContext", "containerSecurityContext", "metricsFrom", "annotations",
+                 "labels", "nodeSelector", "tolerations", "accessModes", "imagePullSecrets", "entries"}
+    for key, value in node.items():
+        path = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, dict) and value and key not in free_form:
+            yield from value_paths(value, path)
+        else:
+            yield path
+
+
+def test_the_chart_readme_documents_every_value():
+    readme = (CHART / "README.md").read_text()
+    rows = [line for line in readme.splitlines() if line.startswith("| `")]
+    documented = set()
+    for row in rows:
+        names = re.findall(r"`([\w.]+)`", row.split("|")[1])
+        parent = names[0].rsplit(".", 1)[0]
+        documented |= {parent + name if name.startswith(".") else name for name in names}
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert sorted(set(value_paths(values)) - documented) == []

@@ -69,7 +69,7 @@ def test_the_components_run_the_agreed_command_lines():
         "k25", "operator", "--release", "k25", "--redis-url", "redis://k25-redis:6379/0"]
 
 
-@pytest.mark.parametrize("component", ["gateway", "operator", "engine"])
+@pytest.mark.parametrize("component", ["gateway", "chunker", "operator", "engine"])
 def test_the_k25_cli_accepts_each_command_line(component):
     objects = rendered(ci("ingress"))  # the gateway with --api-keys-file too
     if component == "engine":
@@ -80,10 +80,12 @@ def test_the_k25_cli_accepts_each_command_line(component):
     assert args[0] == "k25"
     parsed = build_parser().parse_args(args[1:])
     assert parsed.command == component
-    if component != "engine":
-        assert parsed.redis_url == "redis://k25-redis:6379/0" and parsed.release == RELEASE
-    else:
+    if component == "engine":
         assert (parsed.release, parsed.advertise_host, parsed.device) == (RELEASE, "10.1.2.3", "cuda")
+    elif component == "chunker":
+        assert (parsed.zmq_port, parsed.metrics_port) == (5600, 9600)
+    else:
+        assert parsed.redis_url == "redis://k25-redis:6379/0" and parsed.release == RELEASE
 
 
 def test_an_external_redis_reaches_every_component_and_the_engines():
