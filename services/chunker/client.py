@@ -54,13 +54,16 @@ class ChunkerClient:
         answer = asyncio.get_running_loop().create_future()
         self._pending[request_id] = answer
         try:
-            await self._socket.send(request.SerializeToString())
-            response = await asyncio.wait_for(answer, self.timeout_s)
+            response = await asyncio.wait_for(self._exchange(request.SerializeToString(), answer), self.timeout_s)
         except asyncio.TimeoutError:
             raise ChunkerError("DEADLINE_EXCEEDED", f"no answer from the chunker at {self.address} within {self.timeout_s} s") from None
         finally:
             self._pending.pop(request_id, None)
         return document_of(response)
+
+    async def _exchange(self, payload: bytes, answer: asyncio.Future) -> k25_pb2.ChunkResponse:
+        await self._socket.send(payload)  # waits while this socket's queue is at its high-water mark
+        return await answer
 
     async def _read(self) -> None:
         while True:
