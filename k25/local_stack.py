@@ -33,6 +33,8 @@ class Child:
     name: str
     process: subprocess.Popen
     log_path: str
+    metrics_url: str = ""  # where an engine serves /metrics
+    announced: bool = False  # its address has been printed
 
     def log_tail(self, lines: int = 15) -> str:
         try:

@@ -3,6 +3,8 @@
 A Redis (its own redis-server on a free port unless --redis-url is given), engine
 processes for each pool, and the gateway on --host/--port. It prints where each part
 listens, and stops every child on Ctrl-C, on SIGTERM, or as soon as one of them dies.
+With --autoscale, the operator's autoscaling policy starts and stops engines from the
+gateway's QPS, between --engines and --max-engines per pool.
 """
 
 import argparse
@@ -29,7 +31,7 @@ def _pool(spec: str) -> tuple[str, int]:
 def register(subparsers) -> None:
     p = subparsers.add_parser("up", help="run the whole stack locally (Redis, engines, gateway)", description=__doc__)
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"smollm2-135m, tiny-random, a .gguf file or a folder (default {DEFAULT_MODEL})")
-    p.add_argument("--engines", type=int, default=1, help="engine processes per pool (default 1)")
+    p.add_argument("--engines", type=int, default=1, help="engine processes per pool (default 1; the minimum with --autoscale)")
     p.add_argument("--pool", dest="pools", type=_pool, action="append", metavar="NAME=CHUNK_SIZE",
                    help="an engine pool and its chunk_size; repeatable (default default=256)")
     p.add_argument("--host", default="127.0.0.1", help="gateway address (default 127.0.0.1)")
@@ -38,115 +40,205 @@ def register(subparsers) -> None:
     p.add_argument("--release", default="k25", help="prefix of every Redis key (default k25)")
     p.add_argument("--log-dir", default=None, help="where each process writes its log (default: a new temporary folder)")
     p.add_argument("--api-keys-file", default=None, help="passed to the gateway (see `k25 api-key`)")
+    scaling = p.add_argument_group("autoscaling (the operator's policy, on local engine processes)")
+    scaling.add_argument("--autoscale", action="store_true", help="start and stop engines from the pool's QPS")
+    scaling.add_argument("--max-engines", type=int, default=4, help="engines per pool at most (default 4)")
+    scaling.add_argument("--target-qps-per-replica", type=float, default=80.0, help="QPS one engine should carry (default 80)")
+    scaling.add_argument("--scale-down-window-s", type=float, default=60.0, help="scale-down stabilisation window (default 60)")
+    scaling.add_argument("--autoscale-interval-s", type=float, default=2.0, help="seconds between decisions (default 2)")
+    scaling.add_argument("--qps-window-s", type=int, default=5, help="QPS is the mean over this many seconds (default 5)")
     p.set_defaults(handler=run)
-
-
-def run(args) -> int:
-    import redis
-
-    from k25.local_stack import ProcessGroup, free_port
-    from k25.redis_keys import live_engines
-
-    if args.engines < 1:
-        raise SystemExit("k25 up: --engines must be at least 1")
-    pools = args.pools or [("default", 256)]
-    if len({name for name, _ in pools}) != len(pools):
-        raise SystemExit("k25 up: each --pool needs its own name")
-    log_dir = args.log_dir or tempfile.mkdtemp(prefix="k25-up-")
-    os.makedirs(log_dir, exist_ok=True)
-    group = ProcessGroup(log_dir)
-    stop_requested = []
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop_requested.append(True))
-    k25 = [sys.executable, "-m", "k25.cli"]
-
-    def say(text: str) -> None:
-        print(f"k25 up: {text}", flush=True)
-
-    def wait_for(what: str, ready, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not ready():
-            dead = group.first_exited()
-            if dead is not None:
-                raise _StackFailed(f"{dead.name} exited with code {dead.process.returncode} while starting:\n{dead.log_tail()}")
-            if stop_requested:
-                raise _StackFailed("interrupted")
-            if time.monotonic() > deadline:
-                raise _StackFailed(f"{what} not ready after {timeout_s:.0f} s (logs in {log_dir})")
-            time.sleep(0.2)
-
-    try:
-        redis_url = args.redis_url
-        if redis_url is None:
-            server = shutil.which("redis-server")
-            if server is None:
-                raise _StackFailed("no redis-server on PATH: install Redis (e.g. `apt install redis-server`) "
-                                   "or pass --redis-url redis://HOST:PORT/0")
-            port = free_port()
-            group.spawn("redis", [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            redis_url = f"redis://127.0.0.1:{port}/0"
-        client = redis.Redis.from_url(redis_url, socket_connect_timeout=0.5, socket_timeout=1.0)
-        wait_for("Redis", lambda: _pings(client), timeout_s=20)
-        say(f"{'redis':<18} {redis_url}")
-
-        expected = 0
-        for pool, chunk_size in pools:
-            for index in range(args.engines):
-                name = f"engine-{pool}-{index}"
-                group.spawn(name, [*k25, "engine", "--model", args.model, "--pool", pool, "--chunk-size", str(chunk_size),
-                                   "--zmq-port", "0", "--metrics-port", str(free_port()), "--redis-url", redis_url,
-                                   "--release", args.release, "--engine-id", name])
-                expected += 1
-        say(f"starting {expected} engine(s) with {args.model} (logs in {log_dir}) ...")
-        wait_for("the engines", lambda: len(_engines(client, args.release, live_engines)) >= expected)
-        for engine_id, entry in sorted(_engines(client, args.release, live_engines).items()):
-            say(f"{engine_id:<18} pool {entry['pool']}, chunk_size {entry['chunk_size']}, tcp://{entry['address']}")
-
-        gateway_argv = [*k25, "gateway", "--host", args.host, "--port", str(args.port), "--model", args.model,
-                        "--redis-url", redis_url, "--release", args.release]
-        if args.api_keys_file:
-            gateway_argv += ["--api-keys-file", args.api_keys_file]
-        group.spawn("gateway", gateway_argv)
-        base = f"http://{args.host}:{args.port}"
-        wait_for("the gateway", lambda: _http_ok(f"{base}/readyz"), timeout_s=60)
-        say(f"{'gateway':<18} {base}  (OpenAI base URL {base}/v1, metrics {base}/metrics)")
-        say("ready; Ctrl-C stops everything")
-
-        while not stop_requested:
-            dead = group.first_exited()
-            if dead is not None:
-                raise _StackFailed(f"{dead.name} exited with code {dead.process.returncode}; stopping the stack:\n{dead.log_tail()}")
-            time.sleep(0.2)
-        say("stopping ...")
-        return 0
-    except _StackFailed as exc:
-        print(f"k25 up: {exc}", file=sys.stderr, flush=True)
-        return 0 if str(exc) == "interrupted" else 1
-    finally:
-        group.stop_all()
-        say("stopped")
 
 
 class _StackFailed(Exception):
     pass
 
 
-def _pings(client) -> bool:
+class LocalStack:
+    def __init__(self, args, log_dir: str):
+        from k25.local_stack import ProcessGroup
+
+        self.args = args
+        self.log_dir = log_dir
+        self.group = ProcessGroup(log_dir)
+        self.stop_requested = False
+        self.redis_url = args.redis_url
+        self.client = None
+        self._engine_counter = 0
+        self._k25 = [sys.executable, "-m", "k25.cli"]
+
+    @staticmethod
+    def say(text: str) -> None:
+        print(f"k25 up: {text}", flush=True)
+
+    def wait_for(self, what: str, ready, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not ready():
+            self.check_children(f"while {what} started")
+            if self.stop_requested:
+                raise _StackFailed("interrupted")
+            if time.monotonic() > deadline:
+                raise _StackFailed(f"{what} not ready after {timeout_s:.0f} s (logs in {self.log_dir})")
+            time.sleep(0.2)
+
+    def check_children(self, when: str) -> None:
+        dead = self.group.first_exited()
+        if dead is not None:
+            raise _StackFailed(f"{dead.name} exited with code {dead.process.returncode} {when}; "
+                               f"stopping the stack. Its log ends with:\n{dead.log_tail()}")
+
+    def start_redis(self) -> None:
+        import redis
+
+        from k25.local_stack import free_port
+
+        if self.redis_url is None:
+            server = shutil.which("redis-server")
+            if server is None:
+                raise _StackFailed("no redis-server on PATH: install Redis (e.g. `apt install redis-server`) "
+                                   "or pass --redis-url redis://HOST:PORT/0")
+            port = free_port()
+            self.group.spawn("redis", [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            self.redis_url = f"redis://127.0.0.1:{port}/0"
+        self.client = redis.Redis.from_url(self.redis_url, socket_connect_timeout=0.5, socket_timeout=1.0)
+        self.wait_for("Redis", self._redis_pings, timeout_s=20)
+        self.say(f"{'redis':<18} {self.redis_url}")
+
+    def spawn_engine(self, pool: str, chunk_size: int):
+        from k25.local_stack import free_port
+
+        name = f"engine-{pool}-{self._engine_counter}"
+        self._engine_counter += 1
+        metrics_port = free_port()
+        child = self.group.spawn(name, [
+            *self._k25, "engine", "--model", self.args.model, "--pool", pool, "--chunk-size", str(chunk_size),
+            "--zmq-port", "0", "--metrics-port", str(metrics_port), "--redis-url", self.redis_url,
+            "--release", self.args.release, "--engine-id", name,
+        ])
+        child.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        return child
+
+    def registered(self) -> dict:
+        import redis
+
+        from k25.redis_keys import live_engines
+
+        try:
+            return live_engines(self.client, self.args.release)
+        except redis.RedisError:
+            return {}
+
+    def announce(self, child) -> None:
+        child.announced = True
+        entry = self.registered().get(child.name, {})
+        self.say(f"{child.name:<18} pool {entry.get('pool')}, chunk_size {entry.get('chunk_size')}, "
+                 f"tcp://{entry.get('address')}, metrics {child.metrics_url}")
+
+    def start_gateway(self) -> str:
+        args = self.args
+        argv = [*self._k25, "gateway", "--host", args.host, "--port", str(args.port), "--model", args.model,
+                "--redis-url", self.redis_url, "--release", args.release]
+        if args.api_keys_file:
+            argv += ["--api-keys-file", args.api_keys_file]
+        self.group.spawn("gateway", argv)
+        base = f"http://{args.host}:{args.port}"
+        self.wait_for("the gateway", lambda: _http_ok(f"{base}/readyz"), timeout_s=60)
+        self.say(f"{'gateway':<18} {base}  (OpenAI base URL {base}/v1, metrics {base}/metrics)")
+        return base
+
+    def _redis_pings(self) -> bool:
+        import redis
+
+        try:
+            return bool(self.client.ping())
+        except redis.RedisError:
+            return False
+
+
+def run(args) -> int:
+    if args.engines < 1:
+        raise SystemExit("k25 up: --engines must be at least 1")
+    if args.autoscale and args.max_engines < args.engines:
+        raise SystemExit("k25 up: --max-engines must be at least --engines")
+    pools = args.pools or [("default", 256)]
+    if len({name for name, _ in pools}) != len(pools):
+        raise SystemExit("k25 up: each --pool needs its own name")
+    log_dir = args.log_dir or tempfile.mkdtemp(prefix="k25-up-")
+    os.makedirs(log_dir, exist_ok=True)
+    stack = LocalStack(args, log_dir)
+
+    def request_stop(*_):
+        stack.stop_requested = True
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, request_stop)
+    try:
+        stack.start_redis()
+        local_pools = _make_pools(args, pools)
+        for pool in local_pools:
+            pool.engines = [stack.spawn_engine(pool.name, pool.chunk_size) for _ in range(args.engines)]
+        everyone = [e for pool in local_pools for e in pool.engines]
+        stack.say(f"starting {len(everyone)} engine(s) with {args.model} (logs in {log_dir}) ...")
+        stack.wait_for("the engines", lambda: {e.name for e in everyone} <= set(stack.registered()))
+        for engine in everyone:
+            stack.announce(engine)
+        stack.start_gateway()
+        stack.say("ready; Ctrl-C stops everything")
+        next_decision = time.monotonic()
+        while not stack.stop_requested:
+            stack.check_children("")
+            if args.autoscale and time.monotonic() >= next_decision:
+                for pool in local_pools:
+                    _autoscale(stack, pool)
+                next_decision = time.monotonic() + args.autoscale_interval_s
+            time.sleep(0.2)
+        stack.say("stopping ...")
+        return 0
+    except _StackFailed as exc:
+        if str(exc) == "interrupted":
+            return 0
+        print(f"k25 up: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        stack.group.stop_all()
+        stack.say("stopped")
+
+
+def _make_pools(args, pools):
+    from k25.local_autoscaler import LocalPool
+    from operators.autoscale_policy import ScalingRules
+
+    rules = ScalingRules(
+        min_replicas=args.engines, max_replicas=args.max_engines if args.autoscale else args.engines,
+        target_qps_per_replica=args.target_qps_per_replica, scale_down_window_s=args.scale_down_window_s,
+    )
+    return [LocalPool(name, chunk_size, rules) for name, chunk_size in pools]
+
+
+def _autoscale(stack: LocalStack, pool) -> None:
     import redis
 
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
-
-
-def _engines(client, release: str, live_engines) -> dict:
-    import redis
+    from k25.local_autoscaler import engines_to_stop, observe, step
 
     try:
-        return live_engines(client, release)
-    except redis.RedisError:
-        return {}
+        seen, ready = observe(stack.client, stack.args.release, pool, time.time(), stack.args.qps_window_s)
+    except redis.RedisError as exc:
+        stack.say(f"autoscale {pool.name}: cannot read Redis ({exc}); holding")
+        return
+    for engine in pool.engines:
+        if engine.name in ready and not engine.announced:
+            stack.announce(engine)
+    decision = step(pool, seen)
+    if decision.replicas == len(pool.engines):
+        return
+    stack.say(f"autoscale {pool.name}: {decision.message} ({decision.reason})")
+    if decision.replicas > len(pool.engines):
+        pool.engines += [stack.spawn_engine(pool.name, pool.chunk_size) for _ in range(decision.replicas - len(pool.engines))]
+    else:
+        for engine in engines_to_stop(pool, ready, len(pool.engines) - decision.replicas):
+            pool.engines.remove(engine)
+            stack.group.stop(engine)
+            stack.say(f"{engine.name:<18} stopped")
 
 
 def _http_ok(url: str) -> bool:
