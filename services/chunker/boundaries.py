@@ -91,6 +91,7 @@ class _Boundaries:
         self.clean = [0] + [k for k in range(1, self.n) if offsets[k - 1][1] <= offsets[k][0]]
         self.cuts = self._snap(anchors)
         self.cut_tokens = [cut.token for cut in self.cuts]
+        self.line_tokens = [cut.token for cut in self.cuts if cut.strength >= LINE]
 
     def _snap(self, anchors: Sequence[Anchor]) -> list[_Cut]:
         """Each anchor moved back to the clean boundary before the token that holds its first char."""
@@ -120,10 +121,8 @@ class _Boundaries:
 
     def next_whole_line(self, token: int) -> int:
         """The first whole-line anchor after `token`, or the end of the text."""
-        for cut in self.cuts[bisect_right(self.cut_tokens, token) :]:
-            if cut.strength >= LINE:
-                return cut.token
-        return self.n
+        i = bisect_right(self.line_tokens, token)
+        return self.line_tokens[i] if i < len(self.line_tokens) else self.n
 
     def last_clean(self, low: int, high: int) -> int:
         """The last clean boundary in (low, high], or high itself when there is none."""
