@@ -10,6 +10,7 @@ are plain functions; the HTTP part is `run_workload`.
 
 import asyncio
 import json
+import logging
 import os
 import sys
 import time
@@ -152,8 +153,8 @@ def highest_qps_held(levels: list[dict], ttft_limit_ms: float) -> float | None:
 
 # --- talking to the gateway ---------------------------------------------------------------
 
-class GatewayUnreachable(Exception):
-    """The gateway cannot be asked anything; the message says why, for the user."""
+class CannotBenchmark(Exception):
+    """The gateway cannot be reached or refuses the workload; the message says why, for the user."""
 
 
 def base_url(url: str) -> str:
@@ -166,24 +167,24 @@ async def served_model(client: httpx.AsyncClient, url: str, wanted: str | None) 
     try:
         response = await client.get(f"{url}/v1/models", timeout=PREFLIGHT_TIMEOUT_S)
     except httpx.UnsupportedProtocol:
-        raise GatewayUnreachable(f"{url}: not an http:// or https:// URL") from None
+        raise CannotBenchmark(f"{url}: not an http:// or https:// URL") from None
     except (httpx.InvalidURL, ValueError) as exc:
-        raise GatewayUnreachable(f"{url}: not a valid URL ({exc})") from None
+        raise CannotBenchmark(f"{url}: not a valid URL ({exc})") from None
     except httpx.HTTPError as exc:
-        raise GatewayUnreachable(f"cannot reach the gateway at {url} ({type(exc).__name__}: {exc or 'no answer'}); "
+        raise CannotBenchmark(f"cannot reach the gateway at {url} ({type(exc).__name__}: {exc or 'no answer'}); "
                                  "is it running? (k25 up)") from None
     if response.status_code != 200:
-        raise GatewayUnreachable(f"GET {url}/v1/models answered HTTP {response.status_code}: {_error_message(response.content)}")
+        raise CannotBenchmark(f"GET {url}/v1/models answered HTTP {response.status_code}: {_error_message(response.content)}")
     try:
         models = [m["id"] for m in response.json()["data"]]
     except (ValueError, KeyError, TypeError):
-        raise GatewayUnreachable(f"GET {url}/v1/models did not answer an OpenAI model list; is {url} a K25 gateway?") from None
+        raise CannotBenchmark(f"GET {url}/v1/models did not answer an OpenAI model list; is {url} a K25 gateway?") from None
     if wanted is None:
         if not models:
-            raise GatewayUnreachable(f"the gateway at {url} serves no model")
+            raise CannotBenchmark(f"the gateway at {url} serves no model")
         return models[0]
     if wanted not in models:
-        raise GatewayUnreachable(f"the gateway at {url} does not serve the model {wanted!r}; it serves {', '.join(models)}")
+        raise CannotBenchmark(f"the gateway at {url} does not serve the model {wanted!r}; it serves {', '.join(models)}")
     return wanted
 
 
@@ -233,6 +234,17 @@ async def stream_completion(client: httpx.AsyncClient, url: str, model: str, spe
     result.ended_s = clock()
     result.output_tokens = usage_tokens if usage_tokens is not None else len(result.token_times_s)
     return result
+
+
+async def warm_up(client: httpx.AsyncClient, url: str, model: str, prompt_tokens: int, max_tokens: int) -> None:
+    """One unmeasured request, the largest of the workload, before a run: the first engine step and
+    the first connection are not what a run measures, and a workload the gateway refuses
+    stops here with its reason rather than as a run of failures."""
+    spec = RequestSpec(0.0, list(range(PROMPT_TOKEN_IDS[0], PROMPT_TOKEN_IDS[0] + prompt_tokens)), max_tokens)
+    result = await stream_completion(client, url, model, spec, time.perf_counter)
+    if result.error is not None:
+        raise CannotBenchmark(f"a first, unmeasured request ({prompt_tokens} prompt tokens, max_tokens {max_tokens}) failed "
+                              f"({result.error}): {result.error_message}")
 
 
 def http_client(timeout_s: float) -> httpx.AsyncClient:
@@ -314,10 +326,11 @@ def _check_args(args) -> list[float] | None:
 def run_command(args) -> int:
     """`k25 bench serve`: check the flags, ask the gateway which model it serves, run the
     chosen mode, print its figures (a table, or one JSON object) and draw the plot."""
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per request over the progress bar
     try:
         sweep = _check_args(args)
         report = asyncio.run(_run_mode(args, sweep))
-    except (BadArguments, GatewayUnreachable) as exc:
+    except (BadArguments, CannotBenchmark) as exc:
         print(f"k25 bench serve: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -331,6 +344,7 @@ async def _run_mode(args, sweep: list[float] | None) -> dict:
     url = base_url(args.url)
     async with http_client(args.timeout) as client:
         model = await served_model(client, url, args.model)
+        await warm_up(client, url, model, args.prompt_tokens[1], args.max_tokens[1])
         report = {"url": url, "model": model, "seed": args.seed, "prompt_tokens": list(args.prompt_tokens),
                   "max_tokens": list(args.max_tokens)}
 

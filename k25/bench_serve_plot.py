@@ -6,6 +6,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from k25.bench_serve import RequestResult  # noqa: E402
 
@@ -47,6 +48,9 @@ def plot_sweep(levels: list[dict], ttft_limit_ms: float, path: str) -> None:
         latency.plot([x for x, _ in points], [y for _, y in points], marker=marker, label=f"TTFT {q}")
     latency.axhline(ttft_limit_ms, color="tab:red", linestyle="--", label=f"{ttft_limit_ms:g} ms")
     latency.set(xlabel="offered QPS", ylabel="ms", title="time to first token", yscale="log")
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    latency.yaxis.set_major_formatter(plain)
+    latency.yaxis.set_minor_formatter(plain)
     latency.legend()
     throughput.plot(offered, [level["requests_per_s"] for level in levels], marker="o", label="completed req/s")
     throughput.plot(offered, offered, linestyle=":", color="gray", label="offered")
