@@ -2,7 +2,7 @@
 
 import pytest
 
-from services.gateway.routing import EngineView, Refusal, plan_route
+from services.gateway.routing import EngineView, Refusal, attempts, plan_route
 
 
 def engine(engine_id, pool="short", chunk_size=256, max_model_len=2048, free=1.0, running=0, waiting=0):
@@ -49,20 +49,19 @@ def test_never_fits_reports_the_largest_context():
     assert plan.refusal is Refusal.NEVER_FITS and plan.max_context == 32768
 
 
-@pytest.mark.parametrize("full", [engine("f", free=0.05), engine("q", waiting=1024)])
-def test_full_engines_are_skipped(full):
+@pytest.mark.parametrize("full", [engine("f", free=0.05), engine("q", free=0.99, waiting=1024)])
+def test_engines_reported_full_come_last_not_never(full):
+    """A heartbeat is up to a second old: the engine may have room again, and its own
+    admission check decides."""
     plan = plan_route([full, engine("ok", free=0.2)], 10, 10)
-    assert [e.engine_id for e in plan.routes[0].engines] == ["ok"]
+    assert [e.engine_id for e in plan.routes[0].engines] == ["ok", full.engine_id]
 
 
-def test_every_fitting_engine_full_is_overloaded_and_still_names_the_pool():
-    plan = plan_route([engine("a", free=0.01), engine("b", free=0.07)], 10, 10)
-    assert plan.refusal is Refusal.OVERLOADED and plan.pool == "short"
-
-
-def test_full_preferred_pool_falls_back_to_the_next():
-    plan = plan_route([engine("s", free=0.0)] + LONG, 100, 10)
-    assert [r.pool for r in plan.routes] == ["long"] and plan.pool == "short"
+def test_engines_reported_full_are_tried_after_every_other_pool():
+    plan = plan_route([engine("s", free=0.0), engine("s2", free=0.01)] + LONG, 100, 10)
+    assert [r.pool for r in plan.routes] == ["short", "long"] and plan.pool == "short" and plan.refusal is None
+    assert [e.engine_id for _, e in attempts(plan)] == ["l1", "s2", "s"]
+    assert [r.chunk_size for r, _ in attempts(plan)] == [2048, 256, 256]
 
 
 def test_an_engine_with_another_chunk_size_in_the_pool_is_not_used():

@@ -15,6 +15,7 @@ from services.gateway.openai_schema import (
     ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, ErrorResponse, ModelList,
 )
 from services.gateway.service import Gateway
+from services.gateway.tracing_middleware import TracingMiddleware
 
 STARTED_AT = int(time.time())
 DISCONNECT_POLL_S = 0.5
@@ -35,6 +36,7 @@ def create_app(gateway: Gateway, api_keys: ApiKeys | None = None) -> FastAPI:
     )
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=gateway.settings.max_body_bytes)
+    app.add_middleware(TracingMiddleware)  # added last: the outermost, so its span covers everything
 
     def tenant(request: Request) -> str:
         if api_keys is None:
@@ -46,28 +48,24 @@ def create_app(gateway: Gateway, api_keys: ApiKeys | None = None) -> FastAPI:
                               "invalid_request_error", "invalid_api_key")
         return found
 
-    def traceparent(request: Request) -> str:
-        return request.headers.get("traceparent", "")
-
     @app.post("/v1/chat/completions", response_model=ChatCompletion, responses=_ERRORS)
-    async def chat_completions(request: Request, body: ChatCompletionRequest, tenant: str = Depends(tenant),
-                               traceparent: str = Depends(traceparent)):
+    async def chat_completions(request: Request, body: ChatCompletionRequest, tenant: str = Depends(tenant)):
         gateway.check_model(body.model)
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
         try:
             prompt_ids = gateway.tokenizer.encode_chat(messages)
         except Exception as exc:  # the chat template refuses some message orders
             raise invalid_request(f"messages cannot be rendered with the model's chat template: {exc}", "messages")
-        job = gateway.make_job(body, prompt_ids, tenant, "chatcmpl", traceparent)
-        return await _unless_client_leaves(request, gateway.complete(body, job, chat=True))
+        job = gateway.make_job(body, prompt_ids, tenant, "chatcmpl")
+        return await _unless_client_leaves(request, gateway.complete(body, job, True, request.state.span))
 
     @app.post("/v1/completions", response_model=Completion, responses=_ERRORS)
-    async def completions(request: Request, body: CompletionRequest, tenant: str = Depends(tenant), traceparent: str = Depends(traceparent)):
+    async def completions(request: Request, body: CompletionRequest, tenant: str = Depends(tenant)):
         gateway.check_model(body.model)
         prompt = body.prompt
         prompt_ids = gateway.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        job = gateway.make_job(body, prompt_ids, tenant, "cmpl", traceparent)
-        return await _unless_client_leaves(request, gateway.complete(body, job, chat=False))
+        job = gateway.make_job(body, prompt_ids, tenant, "cmpl")
+        return await _unless_client_leaves(request, gateway.complete(body, job, False, request.state.span))
 
     @app.get("/v1/models", response_model=ModelList, responses=_ERRORS)
     async def models(tenant: str = Depends(tenant)):

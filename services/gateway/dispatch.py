@@ -16,7 +16,7 @@ from k25.padding import pad_to_chunk_size
 from proto import k25_pb2
 from services.gateway.engine_client import ENGINE_GONE, EngineConnections, EngineStream, EngineUnavailable
 from services.gateway.errors import RETRYABLE_ENGINE_ERRORS, OpenAIError, from_engine_error, invalid_request, overloaded
-from services.gateway.routing import EngineView, Refusal, RoutePlan, plan_route
+from services.gateway.routing import EngineView, Refusal, RoutePlan, attempts, plan_route
 
 
 class EngineLost(Exception):
@@ -80,9 +80,7 @@ def refusal_error(plan: RoutePlan, prompt_tokens: int, max_tokens: int) -> OpenA
             f"but the largest context of any engine pool is {plan.max_context} tokens",
             param="max_tokens", code="context_length_exceeded",
         )
-    if plan.refusal is Refusal.NO_ENGINES:
-        return overloaded("no engine is available; try again shortly")
-    return overloaded("every engine that could serve this request is at capacity; try again shortly")
+    return overloaded("no engine is available; try again shortly")
 
 
 async def open_stream(
@@ -93,27 +91,28 @@ async def open_stream(
     plan = plan_route([e for e in engines if e.engine_id not in exclude], len(job.prompt_token_ids), job.sampling.max_tokens)
     if plan.refusal is not None:
         raise refusal_error(plan, len(job.prompt_token_ids), job.sampling.max_tokens)
-    for route in plan.routes:
-        request = job.padded_for(route.chunk_size, pad_token_id)
-        for engine in route.engines:
-            try:
-                stream = await connections.get(engine.address).submit(request, connect_timeout_s)
-            except EngineUnavailable:
+    requests: dict[int, k25_pb2.GenerateRequest] = {}  # chunk_size -> the padded request
+    for route, engine in attempts(plan):
+        if route.chunk_size not in requests:
+            requests[route.chunk_size] = job.padded_for(route.chunk_size, pad_token_id)
+        try:
+            stream = await connections.get(engine.address).submit(requests[route.chunk_size], connect_timeout_s)
+        except EngineUnavailable:
+            continue
+        try:
+            first = await _next(stream, job.remaining_s())
+        except BaseException:
+            stream.close()
+            raise
+        if first is ENGINE_GONE:
+            stream.close()
+            continue
+        if first.WhichOneof("kind") == "error":
+            stream.close()
+            if first.error.code in RETRYABLE_ENGINE_ERRORS:
                 continue
-            try:
-                first = await _next(stream, job.remaining_s())
-            except BaseException:
-                stream.close()
-                raise
-            if first is ENGINE_GONE:
-                stream.close()
-                continue
-            if first.WhichOneof("kind") == "error":
-                stream.close()
-                if first.error.code in RETRYABLE_ENGINE_ERRORS:
-                    continue
-                raise from_engine_error(first.error)
-            return OpenedStream(route.pool, engine, stream, first, job.deadline)
+            raise from_engine_error(first.error)
+        return OpenedStream(route.pool, engine, stream, first, job.deadline)
     raise overloaded("every engine that could serve this request refused it or is unreachable; try again shortly")
 
 

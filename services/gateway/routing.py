@@ -4,8 +4,10 @@ A pool is the set of live engines that registered the same pool name. A request 
 pool when its prompt plus `max_tokens` is within the pool's context (`max_model_len`).
 Among the pools it fits, the preferred one is the smallest `chunk_size` that holds the
 whole prompt in one chunk (least padding); a prompt longer than every chunk goes to the
-largest `chunk_size` (fewest chunks). Within a pool, engines past the KV admission limit
-or with a full queue are left out and the rest are ordered by free KV, most first.
+largest `chunk_size` (fewest chunks). Within a pool, engines are ordered by free KV, most
+first; those whose last heartbeat reported them past the KV admission limit or with a full
+queue come last rather than not at all, since a heartbeat is up to a second old and the
+engine's own admission check is the one that counts (a refusal costs one round trip).
 """
 
 from dataclasses import dataclass
@@ -64,14 +66,13 @@ class PoolRoute:
 class Refusal(Enum):
     NO_ENGINES = "no_engines"  # nothing is registered: 503
     NEVER_FITS = "never_fits"  # longer than every pool's context: 400 at once
-    OVERLOADED = "overloaded"  # it fits, but every engine that could take it is full: 503
 
 
 @dataclass(frozen=True)
 class RoutePlan:
     routes: tuple[PoolRoute, ...] = ()
     refusal: Refusal | None = None
-    pool: str | None = None  # the preferred pool it fits, even when that pool is full: demand counts there
+    pool: str | None = None  # the preferred pool it fits: demand counts there, even when it is full
     max_context: int = 0  # the largest context among live engines, for the error message
 
 
@@ -90,16 +91,23 @@ def plan_route(engines: list[EngineView], prompt_tokens: int, max_tokens: int, m
         fitting = [e for e in members if e.max_model_len >= needed and e.chunk_size == chunk_size]
         if not fitting:
             continue
-        open_engines = [e for e in fitting if e.free_kv_fraction > 1 - KV_ADMISSION_LIMIT and e.waiting < max_waiting]
-        open_engines.sort(key=lambda e: (-e.free_kv_fraction, e.running + e.waiting, e.engine_id))
-        routes.append(PoolRoute(pool, chunk_size, tuple(open_engines)))
+        fitting.sort(key=lambda e: (_reported_full(e, max_waiting), -e.free_kv_fraction, e.running + e.waiting, e.engine_id))
+        routes.append(PoolRoute(pool, chunk_size, tuple(fitting)))
     if not routes:
         return RoutePlan(refusal=Refusal.NEVER_FITS, max_context=max_context)
     routes.sort(key=lambda r: _pool_preference(r.chunk_size, prompt_tokens))
-    open_routes = tuple(r for r in routes if r.engines)
-    if not open_routes:
-        return RoutePlan(refusal=Refusal.OVERLOADED, pool=routes[0].pool, max_context=max_context)
-    return RoutePlan(routes=open_routes, pool=routes[0].pool, max_context=max_context)
+    return RoutePlan(routes=tuple(routes), pool=routes[0].pool, max_context=max_context)
+
+
+def attempts(plan: RoutePlan, max_waiting: int = 1024) -> list[tuple[PoolRoute, EngineView]]:
+    """The order to try engines in: every engine not reported full, pools in order of
+    preference, then the ones reported full, in the same order."""
+    pairs = [(route, engine) for route in plan.routes for engine in route.engines]
+    return sorted(pairs, key=lambda pair: _reported_full(pair[1], max_waiting))  # stable: keeps the rest of the order
+
+
+def _reported_full(engine: EngineView, max_waiting: int) -> bool:
+    return engine.free_kv_fraction < 1 - KV_ADMISSION_LIMIT or engine.waiting >= max_waiting
 
 
 def _pool_chunk_size(members: list[EngineView]) -> int:

@@ -12,9 +12,12 @@ import time
 import uuid
 
 import redis
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from k25.tokenizer import Tokenizer
+from k25.tracing import traceparent_of
 from proto import k25_pb2
 from services.gateway.accounting import RequestAccounting, write_counts
 from services.gateway.dispatch import EngineLost, Job, open_stream, plan_pool
@@ -29,6 +32,7 @@ from services.gateway.responses import (
 from services.gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer("k25.gateway")
 
 # a non-streamed request whose engine dies is started again elsewhere, at most this often
 MAX_ENGINE_LOSSES = 2
@@ -105,7 +109,7 @@ class Gateway:
                 "invalid_request_error", "model_not_found", "model",
             )
 
-    def make_job(self, body: SamplingFields, prompt_ids: list[int], tenant: str, prefix: str, traceparent: str) -> Job:
+    def make_job(self, body: SamplingFields, prompt_ids: list[int], tenant: str, prefix: str) -> Job:
         s = self.settings
         if not prompt_ids:
             raise invalid_request("the prompt is empty after tokenisation", "prompt")
@@ -126,10 +130,10 @@ class Gateway:
             sampling.seed = body.seed
         return Job(
             request_id=f"{prefix}-{uuid.uuid4().hex}", tenant=tenant, model=body.model, prompt_token_ids=prompt_ids,
-            sampling=sampling, deadline=time.time() + s.request_timeout_s, traceparent=traceparent,
+            sampling=sampling, deadline=time.time() + s.request_timeout_s,
         )
 
-    async def complete(self, body: SamplingFields, job: Job, chat: bool):
+    async def complete(self, body: SamplingFields, job: Job, chat: bool, parent_span):
         if self.inflight >= self.settings.max_inflight:
             self.metrics.rejected.labels("gateway_full").inc()
             raise overloaded(f"the gateway has {self.inflight} requests in flight (its limit); try again shortly")
@@ -139,12 +143,12 @@ class Gateway:
         self.accounting.arrived(pool, started)
         self.inflight += 1
         self.metrics.inflight.inc()
-        outcome = _Outcome(self, pool, started)
+        outcome = _Outcome(self, pool, started, job, body, chat, parent_span)
         try:
             if body.stream:
                 opened = await open_stream(job, engines, self.connections, self.tokenizer.pad_token_id,
                                            connect_timeout_s=self.settings.engine_connect_timeout_s)
-                outcome.pool = opened.pool
+                outcome.opened(opened)
                 return StreamingResponse(
                     self._stream(opened, body, job, chat, outcome), media_type="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
@@ -166,7 +170,7 @@ class Gateway:
         while True:
             opened = await open_stream(job, self.registry.engines, self.connections, self.tokenizer.pad_token_id,
                                        exclude=frozenset(lost), connect_timeout_s=self.settings.engine_connect_timeout_s)
-            outcome.pool = opened.pool
+            outcome.opened(opened)
             logprobs = LogprobsBuilder(self.tokenizer, chat)
             texts, logprob_parts, final = [], [], None
             try:
@@ -179,6 +183,7 @@ class Gateway:
                             logprob_parts.append(part)
                     else:
                         final = message.final
+                        outcome.finished(final)
                 break
             except EngineLost:
                 lost.add(opened.engine.engine_id)
@@ -217,6 +222,7 @@ class Gateway:
                         yield sse(text_chunk(job.request_id, created, job.model, text, logprobs=part))
                     continue
                 final = message.final
+                outcome.finished(final)
                 reason = FINISH_REASONS.get(final.finish_reason, "stop")
                 if chat:
                     yield sse(chat_chunk(job.request_id, created, job.model, {}, reason))
@@ -238,17 +244,42 @@ class Gateway:
 
 
 class _Outcome:
-    """Books one request's end exactly once: accounting, metrics, the in-flight count."""
+    """Books one request's end exactly once: accounting, metrics, the in-flight count, and
+    the span that covers its trip to the engines (its context goes to them in the Job)."""
 
-    def __init__(self, gateway: Gateway, pool: str, started: float):
+    def __init__(self, gateway: Gateway, pool: str, started: float, job: Job, body: SamplingFields, chat: bool, parent_span):
         self.gateway, self.pool, self.started = gateway, pool, started
         self._first_token_seen = False
         self._done = False
+        operation = "chat" if chat else "text_completion"
+        self.span = tracer.start_span(
+            f"{operation} {job.model}", context=trace.set_span_in_context(parent_span), kind=SpanKind.CLIENT,
+            attributes={
+                "gen_ai.operation.name": operation, "gen_ai.system": "k25", "gen_ai.request.model": job.model,
+                "gen_ai.request.max_tokens": job.sampling.max_tokens, "gen_ai.request.temperature": body.temperature,
+                "gen_ai.request.top_p": body.top_p, "gen_ai.response.id": job.request_id,
+                "k25.tenant": job.tenant, "k25.prompt_tokens": len(job.prompt_token_ids),
+            },
+        )
+        job.traceparent, job.tracestate = traceparent_of(self.span)
+
+    def opened(self, opened) -> None:
+        self.pool = opened.pool
+        self.span.set_attributes({"k25.pool": opened.pool, "k25.engine": opened.engine.engine_id,
+                                  "k25.chunk_size": opened.engine.chunk_size})
 
     def first_token(self) -> None:
         if not self._first_token_seen:
             self._first_token_seen = True
+            self.span.add_event("first_token")
             self.gateway.metrics.ttft.labels(self.pool).observe(time.time() - self.started)
+
+    def finished(self, final: k25_pb2.Final) -> None:
+        self.span.set_attributes({
+            "gen_ai.usage.input_tokens": final.usage.prompt_tokens, "gen_ai.usage.output_tokens": final.usage.completion_tokens,
+            "gen_ai.response.finish_reasons": [FINISH_REASONS.get(final.finish_reason, "stop")],
+            "k25.pad_tokens": final.usage.pad_tokens,
+        })
 
     def done(self, status: int) -> None:
         if self._done:
@@ -261,6 +292,10 @@ class _Outcome:
         g.metrics.requests.labels(self.pool, str(status)).inc()
         g.metrics.latency.labels(self.pool).observe(now - self.started)
         g.accounting.finished(self.pool, now, now - self.started, failed=status >= 500)
+        self.span.set_attribute("http.response.status_code", status)
+        if status >= 500:
+            self.span.set_status(Status(StatusCode.ERROR))
+        self.span.end()
 
 
 def _trim(logprobs, wanted: int | None):
