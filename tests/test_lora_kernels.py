@@ -1,21 +1,23 @@
 """The Triton shrink/expand kernels against the torch path and against the plain formula
 x @ A.T @ B.T * scaling per token, on small shapes. On a CPU they run under TRITON_INTERPRET=1."""
 
-import os
-
 import pytest
 import torch
 
 from engine.lora.adapter import AdapterWeights
-from engine.lora.batch import BASE_SLOT, build_lora_batch
+from engine.lora.batch import BASE_SLOT, KERNEL_BLOCK_ROWS, build_lora_batch
 from engine.lora.layout import projections
 from engine.lora.slots import LoRASlots
 from engine.model_config import ModelConfig
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu":
-    # read when the kernels are decorated, i.e. on their first import (only these tests import them)
-    os.environ["TRITON_INTERPRET"] = "1"
+
+
+@pytest.fixture(autouse=True)
+def interpret_on_a_cpu(monkeypatch):
+    """Triton reads it when the kernels are decorated (their first import) and while they run."""
+    if DEVICE == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 # a GQA model small enough for the interpreter: q 32, k/v 16, MLP 48
 CONFIG = ModelConfig(
@@ -91,7 +93,7 @@ def test_delta_matches_the_formula(adapters, kernel, projection):
 
 def test_triton_and_torch_paths_agree_on_every_projection(adapters):
     torch_slots, triton_slots = filled_slots(adapters, "torch"), filled_slots(adapters, "triton")
-    token_slots = [1, 1, 0, BASE_SLOT, 0]
+    token_slots = [1] * 18 + [0, BASE_SLOT] * 5 + [1]  # slot 1 spans two kernel blocks
     batch = build_lora_batch(token_slots, DEVICE)
     generator = torch.Generator().manual_seed(2)
     for name, proj in torch_slots.projections.items():
@@ -110,6 +112,16 @@ def test_rewriting_a_slot_replaces_the_old_adapter_entirely(adapters):
     out = torch.zeros(2, slots.projections["gate_up"].out_features, device=DEVICE)
     slots.add_delta(0, "gate_up", x, out, build_lora_batch([0, 0], DEVICE))
     assert torch.count_nonzero(out) == 0, "slot 0's old gate/up matrices must be gone"
+
+
+def test_tokens_are_grouped_by_slot_and_cut_into_kernel_blocks():
+    token_slots = [1] * (KERNEL_BLOCK_ROWS + 2) + [BASE_SLOT, 0, 0]
+    batch = build_lora_batch(token_slots, "cpu")
+    assert [(slot, rows.tolist()) for slot, rows in batch.groups] == [(0, [19, 20]), (1, list(range(18)))]
+    assert batch.rows.tolist() == [19, 20, *range(18)]
+    assert batch.block_slot.tolist() == [0, 1, 1]
+    assert batch.block_start.tolist() == [0, 2, 2 + KERNEL_BLOCK_ROWS]
+    assert batch.block_rows.tolist() == [2, KERNEL_BLOCK_ROWS, 2]
 
 
 def test_a_batch_of_base_tokens_only_has_no_lora_batch():

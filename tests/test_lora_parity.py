@@ -3,6 +3,7 @@ model: the adapters are random (B non-zero) and written by peft itself, the refe
 from the same peft model, one adapter active at a time (tests/parity.py's near-tie rule)."""
 
 import pytest
+import torch
 
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
@@ -53,17 +54,25 @@ def tiny_setup(tmp_path_factory, tiny_model, prompts):
     return folder, root, peft_references(peft_model, prompts, NEW_TOKENS)
 
 
-# (label, max_loras, max_cpu_loras): every adapter in a slot; fewer slots than adapters, so some
-# requests wait for a slot and adapters are re-read from disk after leaving the CPU cache
-TINY_MODES = [("3 slots", 3, 3), ("2 slots, CPU cache 2", 2, 2), ("1 slot, CPU cache 1", 1, 1)]
+# (label, max_loras, max_cpu_loras, kernel): every adapter in a slot; fewer slots than adapters, so
+# some requests wait for a slot and adapters are re-read from disk after leaving the CPU cache; and
+# the Triton kernels (interpreted on a CPU)
+TINY_MODES = [
+    pytest.param("3 slots", 3, 3, "torch", id="3 slots"),
+    pytest.param("2 slots, CPU cache 2", 2, 2, "torch", id="2 slots"),
+    pytest.param("1 slot, CPU cache 1", 1, 1, "torch", id="1 slot"),
+    pytest.param("3 slots, Triton kernels", 3, 3, "triton", id="triton", marks=pytest.mark.slow),  # ~10 s interpreted
+]
 
 
-@pytest.mark.parametrize("label, max_loras, max_cpu_loras", TINY_MODES, ids=[m[0] for m in TINY_MODES])
-def test_tiny_mixed_batch_matches_peft(tiny_setup, prompts, label, max_loras, max_cpu_loras, parity_report):
+@pytest.mark.parametrize("label, max_loras, max_cpu_loras, kernel", TINY_MODES)
+def test_tiny_mixed_batch_matches_peft(tiny_setup, prompts, label, max_loras, max_cpu_loras, kernel, parity_report, monkeypatch):
     folder, root, references = tiny_setup
+    if kernel == "triton" and not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when the kernels are first imported
     config = EngineConfig(
         chunk_size=64, max_chunk_per_gpu=16, max_loras=max_loras, max_cpu_loras=max_cpu_loras,
-        max_lora_rank=16, adapter_root=str(root),
+        max_lora_rank=16, adapter_root=str(root), lora_kernel=kernel,
     )
     engine = LLMEngine(load_model(str(folder)), config)
     check_mixed_batch(engine, prompts, references, f"tiny HF folder, {label}", parity_report)

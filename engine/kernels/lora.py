@@ -1,95 +1,109 @@
-"""LoRA shrink and expand for a batch whose tokens use different adapters (punica's BGMV idea).
+"""LoRA shrink and expand for a step whose tokens use different adapters (segmented, as in
+punica's SGMV): the tokens of one adapter are cut into blocks of up to KERNEL_BLOCK_ROWS rows
+and each program multiplies one block by its adapter's matrices with tl.dot.
 
-shrink: s[t, i, :] = A[slot[t], i] @ x[t]             for every output slice i
-expand: y[t, slice i] += B[slot[t], slice i] @ s[t, i]
-One program per (token, slice, block); tokens with slot -1 (the base model) are masked
-off. Accumulation is in fp32 whatever the activation dtype."""
+shrink: s[rows, i, :] = x[rows] @ A[slot, i].T          for every output slice i
+expand: y[rows, slice i] += s[rows, i, :] @ B[slot, slice i].T
+Base-model tokens belong to no block and are never touched. Accumulation is in fp32; fp32
+inputs are multiplied exactly (no TF32). Only tl builtins are used, not the @jit helpers of
+triton.language.standard (tl.sum, tl.zeros): those run under TRITON_INTERPRET=1 only if it
+was set before anything imported triton, and peft imports it."""
 
 import torch
 import triton
 import triton.language as tl
 
-BLOCK_K = 64  # input features per shrink iteration
+from engine.lora.batch import KERNEL_BLOCK_ROWS, LoRABatch
+
+BLOCK_K = 32  # input features per shrink iteration
 BLOCK_N = 64  # output features per expand program
 
 
 @triton.jit
 def _shrink_kernel(
-    x_ptr, a_ptr, slot_ptr, s_ptr,
+    x_ptr, a_ptr, s_ptr, rows_ptr, block_slot_ptr, block_start_ptr, block_rows_ptr,
     in_features, rank,
     stride_x, stride_a_slot, stride_a_slice, stride_a_rank, stride_s_token, stride_s_slice,
-    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    token = tl.program_id(0)
+    block = tl.program_id(0)
     slice_index = tl.program_id(1)
-    slot = tl.load(slot_ptr + token)
-    # base-model tokens read nothing: every mask compares against a limit of 0
-    limit = tl.where(slot >= 0, in_features, 0)
-    a_base = a_ptr + tl.maximum(slot, 0) * stride_a_slot + slice_index * stride_a_slice
+    slot = tl.load(block_slot_ptr + block)
+    m = tl.arange(0, BLOCK_M)
+    m_mask = m < tl.load(block_rows_ptr + block)
+    rows = tl.load(rows_ptr + tl.load(block_start_ptr + block) + m, mask=m_mask, other=0)
     r = tl.arange(0, BLOCK_R)
-    acc = tl.zeros([BLOCK_R], dtype=tl.float32)
+    r_mask = r < rank
+    a_base = a_ptr + slot * stride_a_slot + slice_index * stride_a_slice
+    acc = tl.full([BLOCK_M, BLOCK_R], 0.0, tl.float32)
     for k_start in range(0, in_features, BLOCK_K):
         k = k_start + tl.arange(0, BLOCK_K)
-        k_mask = k < limit
-        x = tl.load(x_ptr + token * stride_x + k, mask=k_mask, other=0.0).to(tl.float32)
-        a = tl.load(
-            a_base + r[:, None] * stride_a_rank + k[None, :], mask=(r[:, None] < rank) & k_mask[None, :], other=0.0
-        ).to(tl.float32)
-        acc += tl.sum(a * x[None, :], axis=1)
-    tl.store(s_ptr + token * stride_s_token + slice_index * stride_s_slice + r, acc, mask=r < rank)
+        k_mask = k < in_features
+        x = tl.load(x_ptr + rows[:, None] * stride_x + k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        a_t = tl.load(a_base + r[None, :] * stride_a_rank + k[:, None], mask=r_mask[None, :] & k_mask[:, None], other=0.0)
+        acc += tl.dot(x, a_t, input_precision=PRECISION)
+    s = s_ptr + rows[:, None] * stride_s_token + slice_index * stride_s_slice + r[None, :]
+    tl.store(s, acc, mask=m_mask[:, None] & r_mask[None, :])
 
 
 @triton.jit
 def _expand_kernel(
-    s_ptr, b_ptr, slot_ptr, offsets_ptr, y_ptr,
+    s_ptr, b_ptr, y_ptr, offsets_ptr, rows_ptr, block_slot_ptr, block_start_ptr, block_rows_ptr,
     rank,
     stride_s_token, stride_s_slice, stride_b_slot, stride_b_row, stride_y,
-    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    token = tl.program_id(0)
+    block = tl.program_id(0)
     slice_index = tl.program_id(1)
-    block = tl.program_id(2)
-    slot = tl.load(slot_ptr + token)
-    start = tl.load(offsets_ptr + slice_index)
-    end = tl.where(slot >= 0, tl.load(offsets_ptr + slice_index + 1), start)  # base-model tokens: no columns
-    cols = start + block * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < end
+    slot = tl.load(block_slot_ptr + block)
+    m = tl.arange(0, BLOCK_M)
+    m_mask = m < tl.load(block_rows_ptr + block)
+    rows = tl.load(rows_ptr + tl.load(block_start_ptr + block) + m, mask=m_mask, other=0)
+    cols = tl.load(offsets_ptr + slice_index) + tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+    c_mask = cols < tl.load(offsets_ptr + slice_index + 1)
     r = tl.arange(0, BLOCK_R)
     r_mask = r < rank
-    s = tl.load(s_ptr + token * stride_s_token + slice_index * stride_s_slice + r, mask=r_mask, other=0.0)
-    b = tl.load(
-        b_ptr + tl.maximum(slot, 0) * stride_b_slot + cols[:, None] * stride_b_row + r[None, :],
-        mask=col_mask[:, None] & r_mask[None, :],
+    s = tl.load(
+        s_ptr + rows[:, None] * stride_s_token + slice_index * stride_s_slice + r[None, :],
+        mask=m_mask[:, None] & r_mask[None, :],
         other=0.0,
+    )
+    b_t = tl.load(
+        b_ptr + slot * stride_b_slot + cols[None, :] * stride_b_row + r[:, None], mask=r_mask[:, None] & c_mask[None, :], other=0.0
     ).to(tl.float32)
-    delta = tl.sum(b * s[None, :], axis=1)
-    y = tl.load(y_ptr + token * stride_y + cols, mask=col_mask, other=0.0)
-    tl.store(y_ptr + token * stride_y + cols, (y.to(tl.float32) + delta).to(y_ptr.dtype.element_ty), mask=col_mask)
+    delta = tl.dot(s, b_t, input_precision="ieee")
+    y = y_ptr + rows[:, None] * stride_y + cols[None, :]
+    mask = m_mask[:, None] & c_mask[None, :]
+    tl.store(y, (tl.load(y, mask=mask, other=0.0).to(tl.float32) + delta).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def lora_shrink(x: torch.Tensor, a: torch.Tensor, slot_ids: torch.Tensor) -> torch.Tensor:
-    """x [T, in], a [slots, slices, rank, in], slot_ids [T] int32 -> s [T, slices, rank] fp32
-    (zero for base-model tokens)."""
+def _block_r(rank: int) -> int:
+    return max(16, triton.next_power_of_2(rank))  # tl.dot needs at least 16 on each side
+
+
+def lora_shrink(x: torch.Tensor, a: torch.Tensor, batch: LoRABatch) -> torch.Tensor:
+    """x [T, in], a [slots, slices, rank, in] -> s [T, slices, rank] fp32, filled on the rows of `batch`'s blocks."""
     tokens, (_, slices, rank, in_features) = x.shape[0], a.shape
-    assert x.stride(1) == 1 and a.stride(3) == 1 and x.shape[1] == in_features
+    assert x.stride(1) == 1 and a.stride(3) == 1 and x.shape[1] == in_features and x.dtype == a.dtype
     s = torch.empty(tokens, slices, rank, device=x.device, dtype=torch.float32)
-    _shrink_kernel[(tokens, slices)](
-        x, a, slot_ids, s,
+    _shrink_kernel[(batch.block_slot.numel(), slices)](
+        x, a, s, batch.rows, batch.block_slot, batch.block_start, batch.block_rows,
         in_features, rank,
         x.stride(0), a.stride(0), a.stride(1), a.stride(2), s.stride(0), s.stride(1),
-        BLOCK_R=triton.next_power_of_2(rank), BLOCK_K=BLOCK_K,
+        BLOCK_M=KERNEL_BLOCK_ROWS, BLOCK_R=_block_r(rank), BLOCK_K=BLOCK_K,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # the latter is ignored for 16-bit inputs
     )
     return s
 
 
-def lora_expand_(y: torch.Tensor, s: torch.Tensor, b: torch.Tensor, slot_ids: torch.Tensor, offsets: torch.Tensor, max_slice: int) -> None:
-    """y [T, out] += per slice i, s[:, i] @ b[slot, offsets[i]:offsets[i+1]].T; b [slots, out, rank]."""
-    tokens, slices, rank = s.shape
+def lora_expand_(y: torch.Tensor, s: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, max_slice: int, batch: LoRABatch) -> None:
+    """y [T, out] += per slice i, s[:, i] @ b[slot, offsets[i]:offsets[i+1]].T on the rows of `batch`'s blocks;
+    b [slots, out, rank], offsets [slices + 1] int32."""
+    slices, rank = s.shape[1], s.shape[2]
     assert y.stride(1) == 1 and b.stride(2) == 1 and y.shape[1] == b.shape[1]
-    grid = (tokens, slices, triton.cdiv(max_slice, BLOCK_N))
-    _expand_kernel[grid](
-        s, b, slot_ids, offsets, y,
+    _expand_kernel[(batch.block_slot.numel(), slices, triton.cdiv(max_slice, BLOCK_N))](
+        s, b, y, offsets, batch.rows, batch.block_slot, batch.block_start, batch.block_rows,
         rank,
         s.stride(0), s.stride(1), b.stride(0), b.stride(1), y.stride(0),
-        BLOCK_R=triton.next_power_of_2(rank), BLOCK_N=BLOCK_N,
+        BLOCK_M=KERNEL_BLOCK_ROWS, BLOCK_R=_block_r(rank), BLOCK_N=BLOCK_N,
     )

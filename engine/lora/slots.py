@@ -6,7 +6,7 @@ nothing) and the LoRA scaling folded into B when a slot is written. A step's tok
 use different slots; each projection adds x @ A[slot].T @ B[slot].T to every token of a
 slot, slice by slice. The torch path does one pair of matmuls per slot present in the
 step; the Triton path (engine/kernels/lora.py) one shrink and one expand launch for all
-tokens at once."""
+tokens of all slots at once."""
 
 import torch
 
@@ -68,5 +68,5 @@ class LoRASlots:
             out.index_add_(0, rows, delta)
 
     def _add_triton(self, a, b, projection, x, out, batch: LoRABatch) -> None:
-        shrunk = self._shrink(x, a, batch.slot_ids)
-        self._expand(out, shrunk, b, batch.slot_ids, self._offsets[projection.name], max(projection.slice_sizes))
+        shrunk = self._shrink(x, a, batch)
+        self._expand(out, shrunk, b, self._offsets[projection.name], max(projection.slice_sizes), batch)
