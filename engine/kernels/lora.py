@@ -20,18 +20,24 @@ BLOCK_N = 64  # output features per expand program
 
 
 @triton.jit
+def _block(rows_ptr, block_slot_ptr, block_start_ptr, block_rows_ptr, BLOCK_M: tl.constexpr):
+    """This program's block (axis 0 of the grid): its adapter slot, token rows and which rows are real."""
+    block = tl.program_id(0)
+    m = tl.arange(0, BLOCK_M)
+    m_mask = m < tl.load(block_rows_ptr + block)
+    rows = tl.load(rows_ptr + tl.load(block_start_ptr + block) + m, mask=m_mask, other=0)
+    return tl.load(block_slot_ptr + block), rows, m_mask
+
+
+@triton.jit
 def _shrink_kernel(
     x_ptr, a_ptr, s_ptr, rows_ptr, block_slot_ptr, block_start_ptr, block_rows_ptr,
     in_features, rank,
     stride_x, stride_a_slot, stride_a_slice, stride_a_rank, stride_s_token, stride_s_slice,
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    block = tl.program_id(0)
     slice_index = tl.program_id(1)
-    slot = tl.load(block_slot_ptr + block)
-    m = tl.arange(0, BLOCK_M)
-    m_mask = m < tl.load(block_rows_ptr + block)
-    rows = tl.load(rows_ptr + tl.load(block_start_ptr + block) + m, mask=m_mask, other=0)
+    slot, rows, m_mask = _block(rows_ptr, block_slot_ptr, block_start_ptr, block_rows_ptr, BLOCK_M)
     r = tl.arange(0, BLOCK_R)
     r_mask = r < rank
     a_base = a_ptr + slot * stride_a_slot + slice_index * stride_a_slice
@@ -53,12 +59,8 @@ def _expand_kernel(
     stride_s_token, stride_s_slice, stride_b_slot, stride_b_row, stride_y,
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    block = tl.program_id(0)
     slice_index = tl.program_id(1)
-    slot = tl.load(block_slot_ptr + block)
-    m = tl.arange(0, BLOCK_M)
-    m_mask = m < tl.load(block_rows_ptr + block)
-    rows = tl.load(rows_ptr + tl.load(block_start_ptr + block) + m, mask=m_mask, other=0)
+    slot, rows, m_mask = _block(rows_ptr, block_slot_ptr, block_start_ptr, block_rows_ptr, BLOCK_M)
     cols = tl.load(offsets_ptr + slice_index) + tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
     c_mask = cols < tl.load(offsets_ptr + slice_index + 1)
     r = tl.arange(0, BLOCK_R)
