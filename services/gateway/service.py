@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 import uuid
+from dataclasses import dataclass, field
 
 import redis
 from opentelemetry import trace
@@ -134,57 +135,66 @@ class Gateway:
         )
 
     async def complete(self, body: SamplingFields, job: Job, chat: bool, parent_span):
+        """Answer an OpenAI request: one JSON body, or a stream of server-sent events."""
+        shape = ReplyShape(chat, body.requested_logprobs(), body.include_usage())
+        if body.stream:
+            return await self.stream(job, shape, parent_span)
+        answer = await self.generate(job, shape, parent_span)
+        choice = {"index": 0, "finish_reason": FINISH_REASONS.get(answer.final.finish_reason, "stop"),
+                  "logprobs": merge_logprobs(answer.logprob_parts)}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": answer.text}
+        else:
+            choice["text"] = answer.text
+        return JSONResponse({
+            "id": job.request_id, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+            "model": job.model, "choices": [choice], "usage": usage_body(answer.final.usage),
+        })
+
+    def _begin(self, job: Job, chat: bool, parent_span) -> "_Outcome":
         if self.inflight >= self.settings.max_inflight:
             self.metrics.rejected.labels("gateway_full").inc()
             raise overloaded(f"the gateway has {self.inflight} requests in flight (its limit); try again shortly")
-        engines = self.registry.engines
-        pool = plan_pool(job, engines) or "unrouted"
-        started = time.time()
-        self.accounting.arrived(pool, started)
-        self.inflight += 1
-        self.metrics.inflight.inc()
-        outcome = _Outcome(self, pool, started, job, body, chat, parent_span)
-        try:
-            if body.stream:
-                opened = await open_stream(job, engines, self.connections, self.tokenizer.pad_token_id,
-                                           connect_timeout_s=self.settings.engine_connect_timeout_s)
-                outcome.opened(opened)
-                return StreamingResponse(
-                    self._stream(opened, body, job, chat, outcome), media_type="text/event-stream",
-                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-                )
-            response = await self._collect(job, body, chat, outcome)
-            outcome.done(200)
-            return response
-        except OpenAIError as exc:
-            if exc.status == 503:
-                self.metrics.rejected.labels(exc.code or "overloaded").inc()
-            outcome.done(exc.status)
-            raise
-        except BaseException:
-            outcome.done(499)
-            raise
+        pool = plan_pool(job, self.registry.engines) or "unrouted"
+        return _Outcome(self, pool, time.time(), job, chat, parent_span)
 
-    async def _collect(self, job: Job, body: SamplingFields, chat: bool, outcome: "_Outcome") -> JSONResponse:
+    def _failed(self, outcome: "_Outcome", exc: BaseException) -> None:
+        status = exc.status if isinstance(exc, OpenAIError) else 499
+        if status == 503:
+            self.metrics.rejected.labels(exc.code or "overloaded").inc()
+        outcome.done(status)
+
+    async def generate(self, job: Job, shape: "ReplyShape", parent_span) -> "Answer":
+        """Run `job` to its end. An engine lost on the way is replaced by another, from the
+        start: nothing has reached the client yet."""
+        outcome = self._begin(job, shape.chat, parent_span)
+        try:
+            answer = await self._generate(job, shape, outcome)
+        except BaseException as exc:
+            self._failed(outcome, exc)
+            raise
+        outcome.done(200)
+        return answer
+
+    async def _generate(self, job: Job, shape: "ReplyShape", outcome: "_Outcome") -> "Answer":
         lost: set[str] = set()
         while True:
-            opened = await open_stream(job, self.registry.engines, self.connections, self.tokenizer.pad_token_id,
-                                       exclude=frozenset(lost), connect_timeout_s=self.settings.engine_connect_timeout_s)
+            opened = await self._open(job, frozenset(lost))
             outcome.opened(opened)
-            logprobs = LogprobsBuilder(self.tokenizer, chat)
-            texts, logprob_parts, final = [], [], None
+            logprobs = LogprobsBuilder(self.tokenizer, shape.chat)
+            answer = Answer()
             try:
                 async for message in opened.messages():
                     if message.WhichOneof("kind") == "delta":
                         outcome.first_token()
-                        texts.append(message.delta.text)
-                        part = logprobs.build(_trim(message.delta.logprobs, body.requested_logprobs()))
+                        answer.text += message.delta.text
+                        part = logprobs.build(_trim(message.delta.logprobs, shape.logprobs))
                         if part:
-                            logprob_parts.append(part)
+                            answer.logprob_parts.append(part)
                     else:
-                        final = message.final
-                        outcome.finished(final)
-                break
+                        answer.final = message.final
+                        outcome.finished(message.final)
+                return answer
             except EngineLost:
                 lost.add(opened.engine.engine_id)
                 log.warning("engine %s lost request %s; starting it again elsewhere", opened.engine.engine_id, job.request_id)
@@ -192,44 +202,57 @@ class Gateway:
                     raise overloaded("the engines serving this request went away; try again") from None
             finally:
                 opened.stream.close()
-        created = int(time.time())
-        choice = {"index": 0, "finish_reason": FINISH_REASONS.get(final.finish_reason, "stop"),
-                  "logprobs": merge_logprobs(logprob_parts)}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": "".join(texts)}
-        else:
-            choice["text"] = "".join(texts)
-        return JSONResponse({
-            "id": job.request_id, "object": "chat.completion" if chat else "text_completion", "created": created,
-            "model": job.model, "choices": [choice], "usage": usage_body(final.usage),
-        })
 
-    async def _stream(self, opened, body: SamplingFields, job: Job, chat: bool, outcome: "_Outcome"):
-        created = int(time.time())
-        logprobs = LogprobsBuilder(self.tokenizer, chat)
-        status = 499  # unless it ends otherwise: the client went away
+    async def _open(self, job: Job, exclude: frozenset[str] = frozenset()):
+        return await open_stream(job, self.registry.engines, self.connections, self.tokenizer.pad_token_id,
+                                 exclude=exclude, connect_timeout_s=self.settings.engine_connect_timeout_s)
+
+    async def stream(self, job: Job, shape: "ReplyShape", parent_span, epilogue=None) -> StreamingResponse:
+        """Start `job` and answer with its server-sent events. The engine is found before the
+        response starts, so a refusal is still an HTTP error; `epilogue(text)` may add
+        events after the answer, before [DONE]."""
+        outcome = self._begin(job, shape.chat, parent_span)
         try:
-            if chat:
+            opened = await self._open(job)
+        except BaseException as exc:
+            self._failed(outcome, exc)
+            raise
+        outcome.opened(opened)
+        return StreamingResponse(
+            self._events(opened, job, shape, outcome, epilogue), media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    async def _events(self, opened, job: Job, shape: "ReplyShape", outcome: "_Outcome", epilogue):
+        created = int(time.time())
+        logprobs = LogprobsBuilder(self.tokenizer, shape.chat)
+        status = 499  # unless it ends otherwise: the client went away
+        text = ""
+        try:
+            if shape.chat:
                 yield sse(chat_chunk(job.request_id, created, job.model, {"role": "assistant", "content": ""}))
             async for message in opened.messages():
                 if message.WhichOneof("kind") == "delta":
                     outcome.first_token()
-                    part = logprobs.build(_trim(message.delta.logprobs, body.requested_logprobs()))
-                    text = message.delta.text
-                    if chat:
-                        yield sse(chat_chunk(job.request_id, created, job.model, {"content": text}, logprobs=part))
+                    part = logprobs.build(_trim(message.delta.logprobs, shape.logprobs))
+                    delta = message.delta.text
+                    text += delta
+                    if shape.chat:
+                        yield sse(chat_chunk(job.request_id, created, job.model, {"content": delta}, logprobs=part))
                     else:
-                        yield sse(text_chunk(job.request_id, created, job.model, text, logprobs=part))
+                        yield sse(text_chunk(job.request_id, created, job.model, delta, logprobs=part))
                     continue
                 final = message.final
                 outcome.finished(final)
                 reason = FINISH_REASONS.get(final.finish_reason, "stop")
-                if chat:
+                if shape.chat:
                     yield sse(chat_chunk(job.request_id, created, job.model, {}, reason))
                 else:
                     yield sse(text_chunk(job.request_id, created, job.model, "", reason))
-                if body.include_usage():
-                    yield sse(usage_chunk(job.request_id, created, job.model, chat, final.usage))
+                if shape.include_usage:
+                    yield sse(usage_chunk(job.request_id, created, job.model, shape.chat, final.usage))
+            for payload in epilogue(text) if epilogue else ():
+                yield sse(payload)
             yield sse("[DONE]")
             status = 200
         except (OpenAIError, EngineLost) as exc:
@@ -243,21 +266,38 @@ class Gateway:
             outcome.done(status)
 
 
+@dataclass(frozen=True)
+class ReplyShape:
+    chat: bool  # chat.completion objects, or text_completion ones
+    logprobs: int | None = None  # alternatives per token the client asked for; None: no logprobs
+    include_usage: bool = False  # a last stream event with the usage
+
+
+@dataclass
+class Answer:
+    text: str = ""
+    logprob_parts: list = field(default_factory=list)
+    final: k25_pb2.Final | None = None
+
+
 class _Outcome:
     """Books one request's end exactly once: accounting, metrics, the in-flight count, and
     the span that covers its trip to the engines (its context goes to them in the Job)."""
 
-    def __init__(self, gateway: Gateway, pool: str, started: float, job: Job, body: SamplingFields, chat: bool, parent_span):
+    def __init__(self, gateway: Gateway, pool: str, started: float, job: Job, chat: bool, parent_span):
         self.gateway, self.pool, self.started = gateway, pool, started
         self._first_token_seen = False
         self._done = False
+        gateway.accounting.arrived(pool, started)
+        gateway.inflight += 1
+        gateway.metrics.inflight.inc()
         operation = "chat" if chat else "text_completion"
         self.span = tracer.start_span(
             f"{operation} {job.model}", context=trace.set_span_in_context(parent_span), kind=SpanKind.CLIENT,
             attributes={
                 "gen_ai.operation.name": operation, "gen_ai.system": "k25", "gen_ai.request.model": job.model,
-                "gen_ai.request.max_tokens": job.sampling.max_tokens, "gen_ai.request.temperature": body.temperature,
-                "gen_ai.request.top_p": body.top_p, "gen_ai.response.id": job.request_id,
+                "gen_ai.request.max_tokens": job.sampling.max_tokens,
+                "gen_ai.request.temperature": job.sampling.temperature, "gen_ai.request.top_p": job.sampling.top_p, "gen_ai.response.id": job.request_id,
                 "k25.tenant": job.tenant, "k25.prompt_tokens": len(job.prompt_token_ids),
             },
         )
