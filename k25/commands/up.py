@@ -1,7 +1,7 @@
 """`k25 up`: the whole stack as local processes on this machine.
 
 A Redis (its own redis-server on a free port unless --redis-url is given), engine
-processes for each pool, and the gateway on --host/--port. It prints where each part
+processes for each pool, the chunker, and the gateway on --host/--port. It prints where each part
 listens, and stops every child on Ctrl-C, on SIGTERM, or as soon as one of them dies.
 With --autoscale, the operator's autoscaling policy starts and stops engines from the
 gateway's QPS, between --engines and --max-engines per pool.
@@ -29,7 +29,7 @@ def _pool(spec: str) -> tuple[str, int]:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("up", help="run the whole stack locally (Redis, engines, gateway)", description=__doc__)
+    p = subparsers.add_parser("up", help="run the whole stack locally (Redis, engines, chunker, gateway)", description=__doc__)
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"smollm2-135m, tiny-random, a .gguf file or a folder (default {DEFAULT_MODEL})")
     p.add_argument("--engines", type=int, default=1, help="engine processes per pool (default 1; the minimum with --autoscale)")
     p.add_argument("--pool", dest="pools", type=_pool, action="append", metavar="NAME=CHUNK_SIZE",
@@ -134,10 +134,20 @@ class LocalStack:
         self.say(f"{child.name:<18} pool {entry.get('pool')}, chunk_size {entry.get('chunk_size')}, "
                  f"tcp://{entry.get('address')}, metrics {child.metrics_url}")
 
-    def start_gateway(self) -> str:
+    def start_chunker(self) -> str:
+        from k25.local_stack import free_port
+
+        port, metrics_port = free_port(), free_port()
+        self.group.spawn("chunker", [*self._k25, "chunker", "--zmq-port", str(port), "--metrics-port", str(metrics_port),
+                                     "--model", self.args.model])
+        self.wait_for("the chunker", lambda: _http_ok(f"http://127.0.0.1:{metrics_port}/metrics"), timeout_s=60)
+        self.say(f"{'chunker':<18} tcp://127.0.0.1:{port}, metrics http://127.0.0.1:{metrics_port}/metrics")
+        return f"127.0.0.1:{port}"
+
+    def start_gateway(self, chunker_address: str) -> str:
         args = self.args
         argv = [*self._k25, "gateway", "--host", args.host, "--port", str(args.port), "--model", args.model,
-                "--redis-url", self.redis_url, "--release", args.release]
+                "--redis-url", self.redis_url, "--release", args.release, "--chunker-address", chunker_address]
         if args.api_keys_file:
             argv += ["--api-keys-file", args.api_keys_file]
         self.group.spawn("gateway", argv)
@@ -182,7 +192,7 @@ def run(args) -> int:
         stack.wait_for("the engines", lambda: {e.name for e in everyone} <= set(stack.registered()))
         for engine in everyone:
             stack.announce(engine)
-        stack.start_gateway()
+        stack.start_gateway(stack.start_chunker())
         stack.say("ready; Ctrl-C stops everything")
         next_decision = time.monotonic()
         while not stack.stop_requested:

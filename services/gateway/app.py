@@ -1,6 +1,5 @@
 """The gateway's HTTP API: OpenAI-compatible completions, models, health and metrics."""
 
-import asyncio
 import contextlib
 import time
 
@@ -10,6 +9,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.gateway.api_keys import ApiKeys
 from services.gateway.body_limit import BodySizeLimit
+from services.gateway.disconnect import unless_client_leaves
+from services.gateway.document_routes import install_document_routes
 from services.gateway.errors import OpenAIError, install_error_handlers, invalid_request
 from services.gateway.openai_schema import (
     ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, ErrorResponse, ModelList,
@@ -18,7 +19,6 @@ from services.gateway.service import Gateway
 from services.gateway.tracing_middleware import TracingMiddleware
 
 STARTED_AT = int(time.time())
-DISCONNECT_POLL_S = 0.5
 
 _ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 500, 502, 503, 504)}
 
@@ -57,7 +57,7 @@ def create_app(gateway: Gateway, api_keys: ApiKeys | None = None) -> FastAPI:
         except Exception as exc:  # the chat template refuses some message orders
             raise invalid_request(f"messages cannot be rendered with the model's chat template: {exc}", "messages")
         job = gateway.make_job(body, prompt_ids, tenant, "chatcmpl")
-        return await _unless_client_leaves(request, gateway.complete(body, job, True, request.state.span))
+        return await unless_client_leaves(request, gateway.complete(body, job, True, request.state.span))
 
     @app.post("/v1/completions", response_model=Completion, responses=_ERRORS)
     async def completions(request: Request, body: CompletionRequest, tenant: str = Depends(tenant)):
@@ -65,7 +65,9 @@ def create_app(gateway: Gateway, api_keys: ApiKeys | None = None) -> FastAPI:
         prompt = body.prompt
         prompt_ids = gateway.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         job = gateway.make_job(body, prompt_ids, tenant, "cmpl")
-        return await _unless_client_leaves(request, gateway.complete(body, job, False, request.state.span))
+        return await unless_client_leaves(request, gateway.complete(body, job, False, request.state.span))
+
+    install_document_routes(app, gateway, tenant)
 
     @app.get("/v1/models", response_model=ModelList, responses=_ERRORS)
     async def models(tenant: str = Depends(tenant)):
@@ -95,15 +97,3 @@ def create_app(gateway: Gateway, api_keys: ApiKeys | None = None) -> FastAPI:
 
     return app
 
-
-async def _unless_client_leaves(request: Request, answer):
-    """Await `answer`, but cancel it (and so the engine's work) if the client disconnects
-    first. A streamed answer returns at its first token; the stream watches from then on."""
-    task = asyncio.ensure_future(answer)
-    while not task.done():
-        await asyncio.wait([task], timeout=DISCONNECT_POLL_S)
-        if not task.done() and await request.is_disconnected():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            return Response(status_code=499)  # nobody reads it: the client has gone
-    return task.result()

@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from k25.tokenizer import Tokenizer
 from k25.tracing import traceparent_of
 from proto import k25_pb2
+from services.chunker.client import ChunkerClient
 from services.gateway.accounting import RequestAccounting, write_counts
 from services.gateway.dispatch import EngineLost, Job, open_stream, plan_pool
 from services.gateway.engine_client import EngineConnections
@@ -46,6 +47,7 @@ class Gateway:
         self.redis = redis_client
         self.registry = RegistryView(redis_client, settings.release)
         self.connections: EngineConnections | None = None
+        self.chunker: ChunkerClient | None = None
         self.accounting = RequestAccounting(settings.release)
         self.metrics = GatewayMetrics()
         self.inflight = 0
@@ -57,6 +59,9 @@ class Gateway:
     async def start(self) -> None:
         s = self.settings
         self.connections = EngineConnections(s.zmq_sndhwm, s.zmq_rcvhwm, s.zmq_linger_ms)
+        if s.chunker_address:
+            address = s.chunker_address if "://" in s.chunker_address else f"tcp://{s.chunker_address}"
+            self.chunker = ChunkerClient(address, timeout_s=s.chunker_timeout_s)
         await self.registry.refresh()
         self._tasks = [asyncio.create_task(self._refresh_loop()), asyncio.create_task(self._flush_loop())]
 
@@ -66,6 +71,8 @@ class Gateway:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._flush()
         await self.connections.close()
+        if self.chunker is not None:
+            self.chunker.close()
 
     async def _refresh_loop(self) -> None:
         while True:

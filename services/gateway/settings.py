@@ -10,7 +10,8 @@ class GatewaySettings:
     redis_url: str = "redis://127.0.0.1:6379/0"
     release: str = "k25"
     api_keys_file: str | None = None
-    chunker_address: str | None = None
+    chunker_address: str | None = None  # host:port of the chunker service
+    chunker_timeout_s: float = 60.0
     registry_refresh_s: float = 0.5
     accounting_flush_s: float = 1.0
     request_timeout_s: float = 600.0

@@ -1,0 +1,69 @@
+"""Long-document questions: map the question over the document's chunks, reduce the notes
+into one answer, and cite the chunks it drew on.
+
+The prompts and the citation choice are pure functions; `ask` runs them through the
+chunker and the engines (the map requests concurrently).
+"""
+
+import asyncio
+import re
+from dataclasses import dataclass
+
+NOTHING = "NOTHING"
+_CITED = re.compile(r"\[(\d+)\]")
+
+
+@dataclass(frozen=True)
+class Part:
+    """One chunk of the document with what the map step noted in it."""
+
+    index: int  # 1-based, as cited in the notes
+    anchor: str
+    start_char: int
+    end_char: int
+    text: str
+    note: str = ""
+
+    @property
+    def relevant(self) -> bool:
+        return bool(self.note.strip()) and not self.note.strip().upper().startswith(NOTHING)
+
+    def citation(self) -> dict:
+        return {"index": self.index, "anchor": self.anchor, "start_char": self.start_char, "end_char": self.end_char}
+
+
+def map_messages(question: str, part: Part) -> list[dict]:
+    opening = f" (it opens at {part.anchor})" if part.anchor else ""
+    return [
+        {"role": "system", "content": "You read one part of a long document and note only what in it bears on a question."},
+        {"role": "user", "content": (
+            f"Question: {question}\n\nPart {part.index} of the document{opening}:\n{part.text}\n\n"
+            f"Quote or summarise what in this part bears on the question, naming its clause or article. "
+            f"If nothing in it does, answer exactly {NOTHING}."
+        )},
+    ]
+
+
+def reduce_messages(question: str, parts: list[Part]) -> list[dict]:
+    relevant = [p for p in parts if p.relevant]
+    notes = "\n".join(f"[{p.index}] ({p.anchor or 'part ' + str(p.index)}) {p.note.strip()}" for p in relevant)
+    return [
+        {"role": "system", "content": "You answer questions about a document from notes taken on its parts."},
+        {"role": "user", "content": (
+            f"Notes on the document, each marked [n] with the clause it came from:\n{notes or '(no part bears on it)'}\n\n"
+            f"Question: {question}\n\nAnswer from the notes only, and cite the [n] of each note you use."
+        )},
+    ]
+
+
+def citations(answer: str, parts: list[Part]) -> list[dict]:
+    """The parts the answer cites by [n]; if it cites none, every part whose note bore on the question."""
+    by_index = {p.index: p for p in parts}
+    cited = [by_index[n] for n in dict.fromkeys(int(m) for m in _CITED.findall(answer)) if n in by_index]
+    return [p.citation() for p in (cited or [p for p in parts if p.relevant])]
+
+
+async def take_notes(question: str, parts: list[Part], note) -> list[Part]:
+    """Run `note(messages)` for every part at once; the parts with their notes, in order."""
+    notes = await asyncio.gather(*(note(map_messages(question, p)) for p in parts))
+    return [Part(p.index, p.anchor, p.start_char, p.end_char, p.text, n) for p, n in zip(parts, notes)]
