@@ -113,3 +113,10 @@ def test_body_over_the_limit_is_413_with_or_without_content_length(client):
     response = client.post("/v1/chat/completions", content=iter([small[:10], small[10:]]),
                            headers={**AUTH, "Content-Type": "application/json"})
     assert response.status_code == 503  # read whole, parsed, and only then refused for want of engines
+
+
+def test_without_a_chunker_document_routes_are_503(client):
+    response = client.post("/v1/chunks", json={"text": "Article 1. Terms."}, headers=AUTH)
+    assert_openai_error(response, 503, "chunker_unavailable")
+    body = {"model": "tiny-random", "document": "Article 1. Terms.", "question": "What?"}
+    assert_openai_error(client.post("/v1/documents/ask", json=body, headers=AUTH), 503, "chunker_unavailable")
