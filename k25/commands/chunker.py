@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
 
     from k25.model_source import ModelLoadError
     from k25.tokenizer import load_tokenizer
+    from k25.tracing import setup_tracing
     from services.chunker.boundaries import ChunkParams
     from services.chunker.chunker import Chunker
     from services.chunker.metrics import ChunkerMetrics
@@ -75,10 +76,13 @@ def run(args: argparse.Namespace) -> int:
         "chunker: model %s, zmq port %d, metrics %s, max document %d bytes",
         args.model, server.port, f":{metrics_port}/metrics" if metrics_port else "off", args.max_document_bytes,
     )
+    tracing = setup_tracing("k25-chunker")
     try:
         server.serve(stop)
     finally:
         log.info("chunker shutting down")
         server.close()
         metrics.close()
+        if tracing is not None:
+            tracing.shutdown()
     return 0

@@ -33,6 +33,7 @@ def run(args) -> int:
 
     from k25.model_source import ModelLoadError
     from k25.tokenizer import load_tokenizer
+    from k25.tracing import setup_tracing
     from services.gateway.api_keys import ApiKeys, ApiKeysError
     from services.gateway.app import create_app
     from services.gateway.service import Gateway
@@ -52,5 +53,10 @@ def run(args) -> int:
         return 2
     client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=0.5, socket_timeout=1.0)
     app = create_app(Gateway(settings, tokenizer, client), api_keys)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    tracing = setup_tracing("k25-gateway")
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    finally:
+        if tracing is not None:
+            tracing.shutdown()
     return 0

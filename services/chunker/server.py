@@ -14,7 +14,10 @@ import time
 from dataclasses import dataclass, field
 
 import zmq
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
+from k25.tracing import context_from
 from proto import k25_pb2
 from services.chunker.boundaries import ChunkParams
 from services.chunker.chunker import Chunker
@@ -23,6 +26,7 @@ from services.chunker.metrics import ChunkerMetrics
 from services.chunker.wire import decode_request, error_response, params_of, response_of
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer("k25.chunker")
 
 LOG_FIRST_MALFORMED = 10
 LOG_EVERY_MALFORMED = 1000
@@ -102,13 +106,17 @@ class ChunkerServer:
                 "(--max-document-bytes)"
             )
         started = time.perf_counter()
-        document = self.chunker.chunk(request.text, params)
+        parent = context_from(request.trace.traceparent, request.trace.tracestate)
+        with tracer.start_as_current_span("k25.chunker.chunk", context=parent, kind=SpanKind.SERVER) as span:
+            document = self.chunker.chunk(request.text, params)
+            span.set_attributes({"k25.request_id": request.request_id, "k25.document_bytes": size,
+                                 "k25.chunk_size": params.chunk_size, "k25.chunks": len(document.chunks),
+                                 "k25.document_tokens": document.total_tokens})
         self.metrics.duration.observe(time.perf_counter() - started)
         self.metrics.document_bytes.observe(size)
         self.metrics.chunks.inc(len(document.chunks))
         self.metrics.tokens.inc(document.total_tokens)
-        log.debug("chunked %r (traceparent %r): %d tokens, %d chunks", request.request_id,
-                  request.trace.traceparent, document.total_tokens, len(document.chunks))
+        log.debug("chunked %r: %d tokens, %d chunks", request.request_id, document.total_tokens, len(document.chunks))
         return response_of(request.request_id, document)
 
     def _log_malformed(self, identity: bytes, error: ChunkerError) -> None:
