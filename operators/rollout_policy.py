@@ -1,0 +1,159 @@
+"""One step of an adapter canary, as a pure function of what the operator sees.
+
+A rollout starts at the first step's weight. Once a full `interval` has passed since the
+current analysis window opened, a check looks at the canary's traffic over that interval:
+
+- fewer than `minRequestsPerStep` requests: hold (the window slides on; no verdict);
+- error rate or p95 latency over its limit: a failed check; the window starts over, and
+  when the failed checks of this rollout reach `failureThreshold` it rolls back: weight 0,
+  the canary removed from the Redis state so that engines unload it;
+- within the limits but some engine of the pool has not reported the canary loaded: hold
+  (the window starts over, so the next check sees traffic with every engine ready);
+- within the limits: the next step, or at the last step (100%) promotion: the canary
+  becomes the stable version and the old one is unloaded.
+
+Failed checks add up over the whole rollout, not only in a row, so a canary that fails
+every other check is still rolled back. A status that belongs to other versions (the spec
+was edited) starts the rollout over.
+"""
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from k25.rollout_keys import (LATENCY_BUCKETS, PROGRESSING, PROMOTED, ROLLED_BACK, RolloutState, VersionStats,
+                              versioned_name)
+from operators.rollout_spec import AdapterVersion, RolloutSpec
+
+# what the last step did (status.reason)
+STARTED, WAITING, LOW_TRAFFIC, CHECK_FAILED, ENGINES_NOT_READY, ADVANCED = (
+    "Started", "Waiting", "LowTraffic", "CheckFailed", "EnginesNotReady", "Advanced")
+
+
+@dataclass(frozen=True)
+class Analysis:
+    requests: int
+    error_rate: float | None
+    p95_latency_s: float | None
+    at: float  # epoch seconds
+
+
+@dataclass(frozen=True)
+class RolloutStatus:
+    stable: str  # the versions this status is about
+    canary: str
+    phase: str  # PROGRESSING, PROMOTED or ROLLED_BACK
+    step: int  # index into spec.steps
+    weight: int  # percent of users on the canary
+    failures: int  # failed checks so far
+    window_start: float  # epoch seconds: the next check looks at traffic from here on
+    reason: str
+    message: str
+    last_analysis: Analysis | None = None
+
+
+@dataclass(frozen=True)
+class StepResult:
+    status: RolloutStatus
+    state: RolloutState  # what the Redis rollout hash must hold
+
+
+@dataclass(frozen=True)
+class Readiness:
+    engines: int  # live engines in the pool
+    missing: tuple[str, ...]  # the ids of those that do not report the version loaded
+
+    @property
+    def ready(self) -> bool:
+        return self.engines > 0 and not self.missing
+
+
+def readiness(engines: dict[str, dict], pool: str, adapter: str, version: str) -> Readiness:
+    """Whether every live engine of `pool` (registry entries by engine id) reports `adapter@version`."""
+    wanted = versioned_name(adapter, version)
+    in_pool = {engine_id: entry for engine_id, entry in engines.items() if entry.get("pool") == pool}
+    return Readiness(len(in_pool), tuple(sorted(engine_id for engine_id, entry in in_pool.items()
+                                                if wanted not in (entry.get("adapters") or []))))
+
+
+def decide_step(spec: RolloutSpec, status: RolloutStatus | None, canary: VersionStats,
+                canary_loaded: bool, now: float) -> StepResult:
+    if status is None or not _belongs(spec, status):
+        weight = spec.steps[0]
+        return _progressing(spec, RolloutStatus(
+            stable=spec.stable.version, canary=spec.canary.version, phase=PROGRESSING, step=0, weight=weight,
+            failures=0, window_start=now, reason=STARTED,
+            message=f"{weight}% of users on {spec.canary.version}"))
+    if status.phase == PROMOTED:
+        return StepResult(status, _finished(spec.canary, phase=PROMOTED))
+    if status.phase == ROLLED_BACK:
+        return StepResult(status, _finished(spec.stable, phase=ROLLED_BACK))
+    if now - status.window_start < spec.interval_s:
+        return _progressing(spec, status)
+
+    analysis = Analysis(canary.requests, canary.error_rate, canary.p95_latency_s, at=now)
+    held = dataclasses.replace(status, last_analysis=analysis)
+    if canary.requests < spec.min_requests_per_step:
+        return _progressing(spec, dataclasses.replace(
+            held, reason=LOW_TRAFFIC, message=f"holding at {status.weight}%: {canary.requests} canary requests in "
+                                              f"the last {spec.interval_s} s, {spec.min_requests_per_step} needed"))
+    breaches = _breaches(spec, canary)
+    if breaches:
+        failures = status.failures + 1
+        if failures >= spec.failure_threshold:
+            return StepResult(
+                dataclasses.replace(held, phase=ROLLED_BACK, weight=0, failures=failures, reason=ROLLED_BACK,
+                                    message=f"rolled back to {spec.stable.version} after {failures} failed "
+                                            f"checks; last: {breaches}"),
+                _finished(spec.stable, phase=ROLLED_BACK))
+        return _progressing(spec, dataclasses.replace(
+            held, failures=failures, window_start=now, reason=CHECK_FAILED,
+            message=f"holding at {status.weight}%: check failed ({failures} of {spec.failure_threshold}): {breaches}"))
+    if not canary_loaded:
+        return _progressing(spec, dataclasses.replace(
+            held, window_start=now, reason=ENGINES_NOT_READY,
+            message=f"holding at {status.weight}%: not every engine of pool {spec.pool} reports "
+                    f"{versioned_name(spec.adapter, spec.canary.version)} loaded"))
+    if status.step == len(spec.steps) - 1:
+        return StepResult(
+            dataclasses.replace(held, phase=PROMOTED, reason=PROMOTED,
+                                message=f"{spec.canary.version} promoted to stable, {spec.stable.version} unloaded"),
+            _finished(spec.canary, phase=PROMOTED))
+    step = status.step + 1
+    return _progressing(spec, dataclasses.replace(
+        held, step=step, weight=spec.steps[step], window_start=now, reason=ADVANCED,
+        message=f"{spec.steps[step]}% of users on {spec.canary.version}"))
+
+
+def _belongs(spec: RolloutSpec, status: RolloutStatus) -> bool:
+    if (status.stable, status.canary) != (spec.stable.version, spec.canary.version):
+        return False
+    if status.phase == PROMOTED:
+        return status.weight == 100
+    if status.phase == ROLLED_BACK:
+        return status.weight == 0
+    return status.phase == PROGRESSING and 0 <= status.step < len(spec.steps) and spec.steps[status.step] == status.weight
+
+
+def _breaches(spec: RolloutSpec, canary: VersionStats) -> str:
+    found = []
+    if canary.error_rate is not None and canary.error_rate > spec.max_error_rate:
+        found.append(f"error rate {canary.error_rate:.2%} > {spec.max_error_rate:.2%}")
+    if canary.p95_latency_s is not None and canary.p95_latency_s > spec.max_p95_latency_s:
+        p95 = (f"above {LATENCY_BUCKETS[-2][1] * 1000:g} ms" if math.isinf(canary.p95_latency_s)
+               else f"{canary.p95_latency_s * 1000:g} ms")
+        found.append(f"p95 latency {p95} > {spec.max_p95_latency_s * 1000:g} ms")
+    return "; ".join(found)
+
+
+def _progressing(spec: RolloutSpec, status: RolloutStatus) -> StepResult:
+    return StepResult(status, RolloutState(
+        stable_version=spec.stable.version, stable_source=spec.stable.source, stable_sha256=spec.stable.sha256,
+        canary_version=spec.canary.version, canary_source=spec.canary.source, canary_sha256=spec.canary.sha256,
+        canary_weight=status.weight, allow_list=spec.allow_list, phase=PROGRESSING))
+
+
+def _finished(stable: AdapterVersion, phase: str) -> RolloutState:
+    """A finished rollout: one version, no canary, so engines unload the other."""
+    return RolloutState(stable_version=stable.version, stable_source=stable.source, stable_sha256=stable.sha256,
+                        phase=phase)
