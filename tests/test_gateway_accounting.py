@@ -5,6 +5,7 @@ import redis
 
 from k25.redis_keys import pool_qps, stats_key
 from redis_server import redis_server  # noqa: F401  (fixture)
+from k25.rollout_keys import version_stats
 from services.gateway.accounting import RequestAccounting, write_counts
 
 
@@ -51,6 +52,22 @@ def test_counts_kept_while_redis_is_down_arrive_later(redis_server):  # noqa: F8
 def test_counts_older_than_redis_keeps_are_dropped_on_give_back():
     accounting = RequestAccounting("rel")
     accounting.arrived("short", 0.0)
+    accounting.finished("short", 0.2, 0.1, failed=False, adapter_version=("legal", "v1"))
     taken = accounting.take(0.5)
     accounting.give_back(taken, now=10_000.0)
-    assert not accounting.pending
+    assert not accounting.pending.pools and not accounting.pending.versions
+
+
+def test_adapter_version_outcomes_are_what_the_canary_analysis_reads(redis_server):  # noqa: F811
+    client = redis.Redis.from_url(redis_server)
+    accounting = RequestAccounting("rel")
+    latencies = [0.03, 0.07, 0.2, 0.2, 0.4, 0.9, 2.0, 3.0, 7.0, 12.0]
+    for i, latency in enumerate(latencies):
+        accounting.arrived("short", 200.0)
+        accounting.finished("short", 200.0 + i / 20, latency, failed=i == 9, adapter_version=("legal", "v2"))
+    accounting.finished("short", 200.6, 0.1, failed=False, adapter_version=("legal", "v1"))
+    write_counts(client, "rel", accounting.take(201.0))
+    canary = version_stats(client, "rel", "legal", "v2", now=201.0, window_s=5)
+    assert (canary.requests, canary.errors) == (10, 1)
+    assert canary.p95_latency_s == float("inf")  # the 10th latency (12 s) is past the last finite bucket
+    assert version_stats(client, "rel", "legal", "v1", now=201.0, window_s=5).requests == 1

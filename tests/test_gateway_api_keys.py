@@ -18,12 +18,14 @@ def write(tmp_path, document) -> str:
 def test_keys_map_to_tenants(tmp_path):
     keys = ApiKeys.from_file(write(tmp_path, {"keys": [
         {"sha256": hashlib.sha256(b"alpha-key").hexdigest(), "tenant": "alpha"},
-        {"sha256": hashlib.sha256(b"beta-key").hexdigest().upper(), "tenant": "beta"},
+        {"sha256": hashlib.sha256(b"beta-key").hexdigest().upper(), "tenant": "beta", "adapters": ["legal"]},
     ]}))
-    assert keys.tenant_of("alpha-key") == "alpha"
-    assert keys.tenant_of("beta-key") == "beta"
-    assert keys.tenant_of("alpha-key ") is None
-    assert keys.tenant_of("") is None
+    alpha, beta = keys.caller_of("alpha-key"), keys.caller_of("beta-key")
+    assert alpha.tenant == "alpha" and alpha.may_use("anything")
+    assert beta.tenant == "beta" and beta.may_use("legal") and not beta.may_use("medical")
+    assert beta.key_id == hashlib.sha256(b"beta-key").hexdigest()
+    assert keys.caller_of("alpha-key ") is None
+    assert keys.caller_of("") is None
 
 
 def test_the_file_holds_no_key_in_clear(tmp_path, capsys):
@@ -32,7 +34,7 @@ def test_the_file_holds_no_key_in_clear(tmp_path, capsys):
     key = lines[0].rsplit(" ", 1)[1]
     entry = json.loads(lines[-1])
     assert key not in lines[-1] and entry == {"sha256": hash_key(key), "tenant": "acme"}
-    assert ApiKeys.from_file(write(tmp_path, {"keys": [entry]})).tenant_of(key) == "acme"
+    assert ApiKeys.from_file(write(tmp_path, {"keys": [entry]})).caller_of(key).tenant == "acme"
 
 
 @pytest.mark.parametrize("document, message", [
@@ -41,6 +43,7 @@ def test_the_file_holds_no_key_in_clear(tmp_path, capsys):
     ({"keys": [{"sha256": "abc", "tenant": "t"}]}, "64 hex digits"),
     ({"keys": [{"sha256": "g" * 64, "tenant": "t"}]}, "64 hex digits"),
     ({"keys": [{"sha256": "a" * 64, "tenant": ""}]}, "tenant must be"),
+    ({"keys": [{"sha256": "a" * 64, "tenant": "t", "adapters": "legal"}]}, "adapters must be"),
     (["a" * 64], "expected"),
 ])
 def test_bad_files_are_refused(tmp_path, document, message):

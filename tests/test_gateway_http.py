@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 
 from k25.tokenizer import load_tokenizer
 from redis_server import module_redis_url  # noqa: F401  (fixture)
-from services.gateway.api_keys import ApiKeys, hash_key
+from services.gateway.api_keys import ApiKeys, Caller, hash_key
 from services.gateway.app import create_app
 from services.gateway.service import Gateway
 from services.gateway.settings import GatewaySettings
@@ -22,7 +22,7 @@ def client(module_redis_url):  # noqa: F811
 
     settings = GatewaySettings(model="tiny-random", redis_url=module_redis_url, max_body_bytes=4096, max_tokens_limit=100)
     gateway = Gateway(settings, load_tokenizer("tiny-random"), redis.Redis.from_url(module_redis_url))
-    app = create_app(gateway, ApiKeys({hash_key(KEY): "acme"}))
+    app = create_app(gateway, ApiKeys({hash_key(KEY): Caller("acme", key_id=hash_key(KEY))}))
     with TestClient(app) as test_client:
         yield test_client
 

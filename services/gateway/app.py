@@ -7,7 +7,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from services.gateway.api_keys import ApiKeys
+from services.gateway.api_keys import ANONYMOUS, ApiKeys, Caller
 from services.gateway.body_limit import BodySizeLimit
 from services.gateway.disconnect import unless_client_leaves
 from services.gateway.document_routes import install_document_routes
@@ -38,40 +38,39 @@ def create_app(gateway: Gateway, api_keys: ApiKeys | None = None) -> FastAPI:
     app.add_middleware(BodySizeLimit, max_bytes=gateway.settings.max_body_bytes)
     app.add_middleware(TracingMiddleware)  # added last: the outermost, so its span covers everything
 
-    def tenant(request: Request) -> str:
+    def caller(request: Request) -> Caller:
         if api_keys is None:
-            return "default"
+            return ANONYMOUS
         scheme, _, presented = request.headers.get("authorization", "").partition(" ")
-        found = api_keys.tenant_of(presented.strip()) if scheme.lower() == "bearer" and presented.strip() else None
+        found = api_keys.caller_of(presented.strip()) if scheme.lower() == "bearer" and presented.strip() else None
         if found is None:
             raise OpenAIError(401, "missing or incorrect API key: send 'Authorization: Bearer <key>'",
                               "invalid_request_error", "invalid_api_key")
         return found
 
     @app.post("/v1/chat/completions", response_model=ChatCompletion, responses=_ERRORS)
-    async def chat_completions(request: Request, body: ChatCompletionRequest, tenant: str = Depends(tenant)):
-        gateway.check_model(body.model)
+    async def chat_completions(request: Request, body: ChatCompletionRequest, caller: Caller = Depends(caller)):
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
         try:
             prompt_ids = gateway.tokenizer.encode_chat(messages)
         except Exception as exc:  # the chat template refuses some message orders
             raise invalid_request(f"messages cannot be rendered with the model's chat template: {exc}", "messages")
-        job = gateway.make_job(body, prompt_ids, tenant, "chatcmpl")
+        job = gateway.make_job(body, prompt_ids, caller, "chatcmpl")
         return await unless_client_leaves(request, gateway.complete(body, job, True, request.state.span))
 
     @app.post("/v1/completions", response_model=Completion, responses=_ERRORS)
-    async def completions(request: Request, body: CompletionRequest, tenant: str = Depends(tenant)):
-        gateway.check_model(body.model)
+    async def completions(request: Request, body: CompletionRequest, caller: Caller = Depends(caller)):
         prompt = body.prompt
         prompt_ids = gateway.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        job = gateway.make_job(body, prompt_ids, tenant, "cmpl")
+        job = gateway.make_job(body, prompt_ids, caller, "cmpl")
         return await unless_client_leaves(request, gateway.complete(body, job, False, request.state.span))
 
-    install_document_routes(app, gateway, tenant)
+    install_document_routes(app, gateway, caller)
 
     @app.get("/v1/models", response_model=ModelList, responses=_ERRORS)
-    async def models(tenant: str = Depends(tenant)):
-        return ModelList(data=[{"id": name, "created": STARTED_AT} for name in gateway.served_models()])
+    async def models(caller: Caller = Depends(caller)):
+        names = [n for n in gateway.served_models() if n == gateway.settings.model_name or caller.may_use(n.partition("@")[0])]
+        return ModelList(data=[{"id": name, "created": STARTED_AT} for name in names])
 
     @app.get("/healthz")
     async def healthz():

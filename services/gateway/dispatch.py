@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from k25.padding import pad_to_chunk_size
 from proto import k25_pb2
 from services.gateway.engine_client import ENGINE_GONE, EngineConnections, EngineStream, EngineUnavailable
-from services.gateway.errors import RETRYABLE_ENGINE_ERRORS, OpenAIError, from_engine_error, invalid_request, overloaded
+from services.gateway.canary import AdapterChoice
+from services.gateway.errors import RETRY_AFTER_S, RETRYABLE_ENGINE_ERRORS, OpenAIError, from_engine_error, invalid_request, overloaded
 from services.gateway.routing import EngineView, Refusal, RoutePlan, attempts, plan_route
 
 
@@ -33,6 +34,7 @@ class Job:
     prompt_token_ids: list[int]
     sampling: k25_pb2.SamplingParams
     deadline: float  # epoch seconds
+    adapter: AdapterChoice | None = None  # None: the base model
     traceparent: str = ""
     tracestate: str = ""
 
@@ -40,6 +42,7 @@ class Job:
         padded, pad_length = pad_to_chunk_size(self.prompt_token_ids, chunk_size, pad_token_id)
         return k25_pb2.GenerateRequest(
             request_id=self.request_id, tenant=self.tenant, model=self.model,
+            adapter=k25_pb2.Adapter(name=self.adapter.name, version=self.adapter.version) if self.adapter else None,
             prompt_token_ids=padded, pad_length=pad_length, chunk_size=chunk_size,
             sampling=self.sampling, deadline_unix_s=self.deadline,
             trace=k25_pb2.TraceContext(traceparent=self.traceparent, tracestate=self.tracestate),
@@ -87,8 +90,13 @@ async def open_stream(
     job: Job, engines: list[EngineView], connections: EngineConnections, pad_token_id: int,
     exclude: frozenset[str] = frozenset(), connect_timeout_s: float = 1.0,
 ) -> OpenedStream:
-    """Start `job` on the first engine that takes it (engine ids in `exclude` are skipped)."""
-    plan = plan_route([e for e in engines if e.engine_id not in exclude], len(job.prompt_token_ids), job.sampling.max_tokens)
+    """Start `job` on the first engine that takes it (engine ids in `exclude` are skipped).
+    A request for an adapter goes only to engines that report that version loaded."""
+    engines = [e for e in engines if e.engine_id not in exclude and (job.adapter is None or job.adapter.key in e.adapters)]
+    if job.adapter is not None and not engines:
+        raise OpenAIError(503, f"no engine holds adapter {job.adapter.key} yet; try again shortly", "server_error",
+                          "adapter_loading", headers={"Retry-After": str(RETRY_AFTER_S)})
+    plan = plan_route(engines, len(job.prompt_token_ids), job.sampling.max_tokens)
     if plan.refusal is not None:
         raise refusal_error(plan, len(job.prompt_token_ids), job.sampling.max_tokens)
     requests: dict[int, k25_pb2.GenerateRequest] = {}  # chunk_size -> the padded request
@@ -124,6 +132,7 @@ async def _next(stream: EngineStream, timeout_s: float):
 
 
 def plan_pool(job: Job, engines: list[EngineView]) -> str | None:
-    """The pool this request's demand counts against (also when every engine is full)."""
+    """The pool this request's demand counts against (also when every engine is full, or
+    none holds its adapter yet)."""
     return plan_route(engines, len(job.prompt_token_ids), job.sampling.max_tokens).pool
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from k25.tracing import traceparent_of
 from services.chunker.errors import ChunkerError
+from services.gateway.api_keys import Caller
 from services.gateway.disconnect import unless_client_leaves
 from services.gateway.documents import Part, citations, reduce_messages, take_notes
 from services.gateway.errors import OpenAIError, invalid_request
@@ -48,20 +49,20 @@ class AskRequest(ChunkingFields):
     user: str | None = None
 
 
-def install_document_routes(app: FastAPI, gateway: Gateway, tenant) -> None:
+def install_document_routes(app: FastAPI, gateway: Gateway, caller) -> None:
     @app.post("/v1/chunks")
-    async def chunks(body: ChunksRequest, request: Request, tenant: str = Depends(tenant)):
+    async def chunks(body: ChunksRequest, request: Request, caller: Caller = Depends(caller)):
         document = await _chunk(gateway, body, body.text, request.state.span)
         return {"object": "list", "total_tokens": document.total_tokens,
                 "data": [{"index": i, **c.as_dict()} for i, c in enumerate(document.chunks)]}
 
     @app.post("/v1/documents/ask")
-    async def ask(body: AskRequest, request: Request, tenant: str = Depends(tenant)):
-        gateway.check_model(body.model)
-        return await unless_client_leaves(request, _ask(gateway, body, request.state.span, tenant))
+    async def ask(body: AskRequest, request: Request, caller: Caller = Depends(caller)):
+        gateway.resolve_model(body.model, caller, body.user)  # an unknown model fails before any chunking
+        return await unless_client_leaves(request, _ask(gateway, body, request.state.span, caller))
 
 
-async def _ask(gateway: Gateway, body: AskRequest, parent_span, tenant: str):
+async def _ask(gateway: Gateway, body: AskRequest, parent_span, caller: Caller):
     with tracer.start_as_current_span("k25.documents.ask", context=trace.set_span_in_context(parent_span)) as span:
         document = await _chunk(gateway, body, body.document, span)
         parts = [Part(i + 1, c.anchor, c.start_char, c.end_char, body.document[c.start_char:c.end_char])
@@ -70,13 +71,13 @@ async def _ask(gateway: Gateway, body: AskRequest, parent_span, tenant: str):
         usage = {"prompt_tokens": 0, "completion_tokens": 0}
 
         async def note(messages: list[dict]) -> str:
-            answer = await gateway.generate(_job(gateway, body, messages, body.note_max_tokens, tenant), ReplyShape(True), span)
+            answer = await gateway.generate(_job(gateway, body, messages, body.note_max_tokens, caller), ReplyShape(True), span)
             usage["prompt_tokens"] += answer.final.usage.prompt_tokens
             usage["completion_tokens"] += answer.final.usage.completion_tokens
             return answer.text
 
         parts = await take_notes(body.question, parts, note)
-        final_job = _job(gateway, body, reduce_messages(body.question, parts), body.max_tokens, tenant)
+        final_job = _job(gateway, body, reduce_messages(body.question, parts), body.max_tokens, caller)
         if body.stream:
             return await gateway.stream(final_job, ReplyShape(True), span, epilogue=lambda text: [
                 {"id": final_job.request_id, "object": "document.citations", "citations": citations(text, parts)}
@@ -110,7 +111,7 @@ async def _chunk(gateway: Gateway, fields: ChunkingFields, text: str, parent_spa
     return document
 
 
-def _job(gateway: Gateway, body: AskRequest, messages: list[dict], max_tokens: int, tenant: str):
+def _job(gateway: Gateway, body: AskRequest, messages: list[dict], max_tokens: int, caller: Caller):
     request = ChatCompletionRequest(model=body.model, messages=messages, max_tokens=max_tokens, temperature=0, user=body.user)
-    return gateway.make_job(request, gateway.tokenizer.encode_chat(messages), tenant, "doc")
+    return gateway.make_job(request, gateway.tokenizer.encode_chat(messages), caller, "doc")
 

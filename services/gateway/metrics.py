@@ -22,6 +22,14 @@ class GatewayMetrics:
             "k25_gateway_time_to_first_token_seconds", "Time from request to first token", ["pool"],
             buckets=LATENCY_BUCKETS, registry=self.registry,
         )
+        self.lora_requests = Counter(
+            "k25_lora_requests", "Requests to LoRA adapters, by version, canary group and HTTP status",
+            ["adapter_name", "adapter_version", "ab_group", "status"], registry=self.registry,
+        )
+        self.lora_latency = Histogram(
+            "k25_lora_inference_latency_seconds", "End-to-end latency of successful requests to LoRA adapters",
+            ["adapter_name", "ab_group"], buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
         self.inflight = Gauge("k25_gateway_inflight_requests", "Requests in flight", registry=self.registry)
         self.engines = Gauge("k25_gateway_live_engines", "Engines in the registry, by pool", ["pool"], registry=self.registry)
         self.redis_up = Gauge("k25_gateway_redis_up", "1 when the last registry read from Redis succeeded", registry=self.registry)

@@ -13,6 +13,7 @@ import time
 import redis
 
 from k25.redis_keys import live_engines
+from k25.rollout_keys import RolloutState, RolloutStateError, read_all_rollouts
 from services.gateway.routing import EngineView
 
 log = logging.getLogger(__name__)
@@ -25,12 +26,13 @@ class RegistryView:
         self.recovery_grace_s = recovery_grace_s
         self._recovering_until = 0.0
         self.engines: list[EngineView] = []
+        self.rollouts: dict[str, RolloutState] = {}  # adapter -> its rollout state
         self.redis_ok: bool | None = None  # None until the first read
         self.last_read_at: float | None = None
 
     async def refresh(self) -> None:
         try:
-            entries = await asyncio.to_thread(live_engines, self.client, self.release)
+            entries, rollouts = await asyncio.to_thread(self._read)
         except redis.RedisError as exc:
             if self.redis_ok is not False:
                 log.warning("registry Redis unreachable (%s); routing with the last %d engines seen", exc, len(self.engines))
@@ -49,5 +51,15 @@ class RegistryView:
             fresh_ids = {v.engine_id for v in fresh}
             fresh += [e for e in self.engines if e.engine_id not in fresh_ids]
         self.engines = fresh
+        self.rollouts = rollouts
         self.redis_ok = True
         self.last_read_at = now
+
+    def _read(self) -> tuple[dict, dict[str, RolloutState]]:
+        entries = live_engines(self.client, self.release)
+        try:
+            rollouts = read_all_rollouts(self.client, self.release)
+        except RolloutStateError as exc:  # a broken hash must not stop routing: keep the last good states
+            log.warning("ignoring unreadable rollout state (%s); keeping the last one read", exc)
+            rollouts = self.rollouts
+        return entries, rollouts

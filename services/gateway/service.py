@@ -21,6 +21,8 @@ from k25.tokenizer import Tokenizer
 from k25.tracing import traceparent_of
 from proto import k25_pb2
 from services.chunker.client import ChunkerClient
+from services.gateway.api_keys import Caller
+from services.gateway.canary import AdapterChoice, UnknownModel, choose_adapter
 from services.gateway.accounting import RequestAccounting, write_counts
 from services.gateway.dispatch import EngineLost, Job, open_stream, plan_pool
 from services.gateway.engine_client import EngineConnections
@@ -107,18 +109,31 @@ class Gateway:
 
     # --- one request -------------------------------------------------------------------------
 
+    def loaded_adapters(self) -> set[str]:
+        return {key for engine in self.registry.engines for key in engine.adapters}
+
     def served_models(self) -> list[str]:
-        return [self.settings.model_name]
+        """The base model, every adapter with a rollout or held by an engine, and every
+        "name@version" an engine holds."""
+        loaded = self.loaded_adapters()
+        names = set(self.registry.rollouts) | {key.partition("@")[0] for key in loaded}
+        return [self.settings.model_name, *sorted(names), *sorted(loaded)]
 
-    def check_model(self, model: str) -> None:
-        if model not in (self.settings.model_name, "base"):
-            raise OpenAIError(
-                404, f"the model '{model}' does not exist; this gateway serves {', '.join(self.served_models())}",
-                "invalid_request_error", "model_not_found", "model",
-            )
+    def resolve_model(self, model: str, caller: Caller, user: str | None) -> AdapterChoice | None:
+        """The adapter version this request gets (None: the base model), or 404."""
+        try:
+            choice = choose_adapter(model, {self.settings.model_name, "base"}, self.registry.rollouts,
+                                    self.loaded_adapters(), user or caller.key_id or caller.tenant)
+        except UnknownModel as exc:
+            raise OpenAIError(404, f"{exc}; see GET /v1/models", "invalid_request_error", "model_not_found", "model") from None
+        if choice is not None and not caller.may_use(choice.name):
+            raise OpenAIError(404, f"the model {model!r} does not exist or your key may not use it",
+                              "invalid_request_error", "model_not_found", "model")
+        return choice
 
-    def make_job(self, body: SamplingFields, prompt_ids: list[int], tenant: str, prefix: str) -> Job:
+    def make_job(self, body: SamplingFields, prompt_ids: list[int], caller: Caller, prefix: str) -> Job:
         s = self.settings
+        adapter = self.resolve_model(body.model, caller, body.user)
         if not prompt_ids:
             raise invalid_request("the prompt is empty after tokenisation", "prompt")
         if any(not 0 <= t < self.tokenizer.vocab_size for t in prompt_ids):
@@ -137,8 +152,8 @@ class Gateway:
         if body.seed is not None:
             sampling.seed = body.seed
         return Job(
-            request_id=f"{prefix}-{uuid.uuid4().hex}", tenant=tenant, model=body.model, prompt_token_ids=prompt_ids,
-            sampling=sampling, deadline=time.time() + s.request_timeout_s,
+            request_id=f"{prefix}-{uuid.uuid4().hex}", tenant=caller.tenant, model=body.model, prompt_token_ids=prompt_ids,
+            sampling=sampling, deadline=time.time() + s.request_timeout_s, adapter=adapter,
         )
 
     async def complete(self, body: SamplingFields, job: Job, chat: bool, parent_span):
@@ -293,6 +308,7 @@ class _Outcome:
 
     def __init__(self, gateway: Gateway, pool: str, started: float, job: Job, chat: bool, parent_span):
         self.gateway, self.pool, self.started = gateway, pool, started
+        self.adapter = job.adapter
         self._first_token_seen = False
         self._done = False
         gateway.accounting.arrived(pool, started)
@@ -306,6 +322,8 @@ class _Outcome:
                 "gen_ai.request.max_tokens": job.sampling.max_tokens,
                 "gen_ai.request.temperature": job.sampling.temperature, "gen_ai.request.top_p": job.sampling.top_p, "gen_ai.response.id": job.request_id,
                 "k25.tenant": job.tenant, "k25.prompt_tokens": len(job.prompt_token_ids),
+                **({"k25.adapter": job.adapter.name, "k25.adapter_version": job.adapter.version,
+                    "k25.ab_group": job.adapter.group} if job.adapter else {}),
             },
         )
         job.traceparent, job.tracestate = traceparent_of(self.span)
@@ -338,7 +356,13 @@ class _Outcome:
         g.metrics.inflight.dec()
         g.metrics.requests.labels(self.pool, str(status)).inc()
         g.metrics.latency.labels(self.pool).observe(now - self.started)
-        g.accounting.finished(self.pool, now, now - self.started, failed=status >= 500)
+        failed = status >= 500
+        adapter = self.adapter
+        g.accounting.finished(self.pool, now, now - self.started, failed, (adapter.name, adapter.version) if adapter else None)
+        if adapter is not None:
+            g.metrics.lora_requests.labels(adapter.name, adapter.version, adapter.group, str(status)).inc()
+            if not failed:
+                g.metrics.lora_latency.labels(adapter.name, adapter.group).observe(now - self.started)
         self.span.set_attribute("http.response.status_code", status)
         if status >= 500:
             self.span.set_status(Status(StatusCode.ERROR))
