@@ -10,7 +10,7 @@ import random
 import kopf
 import redis
 
-from operators import handlers
+from operators import handlers, rollout_handlers
 from operators.config import OperatorConfig
 from operators.kube import KubeApi
 
@@ -32,6 +32,7 @@ def operator_memo(config: OperatorConfig, kube: KubeApi | None = None) -> kopf.M
 def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     handlers.register(registry, config)
+    rollout_handlers.register(registry, config)
     return registry
 
 

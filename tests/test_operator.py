@@ -15,8 +15,8 @@ import kmock
 import kopf
 import kubernetes
 import pytest
-import pytest_asyncio
 import redis
+from operator_harness import DEPLOYMENTS, NS, POOLS, cluster, operator, stored, wait_for  # noqa: F401  (fixtures)
 from redis_server import redis_server  # noqa: F401  (fixture)
 
 from k25.redis_keys import BUCKET_TTL_S, qps_bucket_key
@@ -26,59 +26,8 @@ from operators.runtime import PEERING_NAME, build_registry, operator_memo, opera
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.kmock(cls=kmock.KubernetesEmulator)]
 
-NS = "serving"
-POOLS = "k25.io/v1alpha1/enginepools"
-DEPLOYMENTS = "apps/v1/deployments"
-WAIT_S = 20.0  # generous: the assertions are about what happens, not how fast
 H100 = {"nodeType": "H100-80G", "model": "/models/smollm2", "chunkSize": 512, "gpusPerReplica": 1,
         "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}, "minReplicas": 1, "maxReplicas": 10}
-
-
-@pytest.fixture
-def cluster(kmock):
-    info = kmock.ResourceInfo
-    kmock.resources[POOLS] = info(kind="EnginePool", namespaced=True, subresources={"status", "scale"},
-                                  verbs={"list", "watch", "get", "patch", "create", "delete"})
-    kmock.resources[DEPLOYMENTS] = info(kind="Deployment", namespaced=True, subresources={"status", "scale"})
-    kmock.resources["v1/pods"] = info(kind="Pod", namespaced=True)
-    kmock.resources["v1/namespaces"] = info(kind="Namespace", namespaced=False)  # kopf waits to discover it
-    return kmock
-
-
-@pytest_asyncio.fixture
-async def operator(cluster, redis_server):
-    """The operator in its own thread and event loop, as in production: kopf cancels the
-    tasks that its loop started, which must not be the test's."""
-    config = OperatorConfig(release="test", redis_url=redis_server, interval_s=0.2, qps_window_s=2)
-    registry = build_registry(config)
-    url = str(cluster.url).rstrip("/")
-
-    @kopf.on.login(registry=registry)
-    def login(**_):
-        return kopf.ConnectionInfo(server=url)
-
-    settings = operator_settings()
-    settings.posting.enabled = False
-    stop = threading.Event()
-    kube = KubeApi(kubernetes.client.Configuration(host=url))
-    thread = threading.Thread(target=asyncio.run, args=(kopf.operator(
-        registry=registry, settings=settings, memo=operator_memo(config, kube),
-        clusterwide=True, standalone=True, stop_flag=stop),))
-    thread.start()
-    yield config
-    stop.set()
-    while thread.is_alive():  # the emulator in this loop must keep answering while kopf stops
-        await asyncio.sleep(0.05)
-    kube.close()
-
-
-async def wait_for(check, what: str):
-    deadline = time.monotonic() + WAIT_S
-    while not (result := check()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"never happened: {what}")
-        await asyncio.sleep(0.05)
-    return result
 
 
 async def create_pool(cluster, name: str, spec: dict) -> None:
@@ -86,14 +35,6 @@ async def create_pool(cluster, name: str, spec: dict) -> None:
             "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "resourceVersion": "1"}, "spec": spec}
     response = await cluster.post(f"/apis/k25.io/v1alpha1/namespaces/{NS}/enginepools", json=body)
     assert response.status == 200
-
-
-def stored(cluster, resource: str, name: str, ns: str | None = NS) -> dict | None:
-    try:
-        found = cluster.objects[resource, ns, name]
-    except KeyError:
-        return None
-    return None if found.deleted else found.raw
 
 
 def replicas(cluster, pool: str) -> int | None:

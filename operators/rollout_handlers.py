@@ -1,0 +1,73 @@
+"""The kopf handlers for AdapterRollouts: thin glue between Redis, the pure step
+(`rollout_policy.decide_step`) and the resource's status.
+
+- a timer: read the canary's outcomes over the last interval and the engine registry from
+  Redis, decide, write the Redis rollout state when it changed (which announces it to
+  engines and gateways), report status and conditions;
+- delete: remove the adapter's rollout state, so that engines unload it and gateways stop
+  offering it. An AdapterRollout is the declaration that its adapter is served.
+"""
+
+import dataclasses
+import time
+
+import kopf
+import redis
+
+from k25.redis_keys import live_engines
+from k25.rollout_keys import (NAME_PATTERN, RolloutStateError, delete_rollout, read_rollout, version_stats,
+                              versioned_name, write_rollout)
+from operators.config import OperatorConfig
+from operators.rollout_policy import decide_step, readiness
+from operators.rollout_spec import RolloutSpecError, parse_rollout_spec
+from operators.rollout_status import invalid_spec_status, redis_unavailable_status, status_from_dict, status_to_dict
+
+ADAPTER_ROLLOUTS = ("k25.io", "v1alpha1", "adapterrollouts")
+
+
+def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
+    on = dict(registry=registry)
+
+    @kopf.timer(*ADAPTER_ROLLOUTS, interval=config.interval_s, **on)
+    def step_rollout(spec, status, name, memo, patch, logger, **_):
+        previous = status.get("conditions", [])
+        now = time.time()
+        try:
+            rollout = parse_rollout_spec(dict(spec))
+        except RolloutSpecError as error:
+            patch.status.update(invalid_spec_status(str(error), previous, now))
+            return
+        canary = rollout.canary.version
+        try:
+            stats = version_stats(memo.redis, config.release, rollout.adapter, canary, now, rollout.interval_s)
+            ready = readiness(live_engines(memo.redis, config.release), rollout.pool, rollout.adapter, canary)
+            result = decide_step(rollout, status_from_dict(dict(status)), stats, ready.ready, now)
+            if _stored_state(memo.redis, config.release, rollout.adapter) != result.state:
+                generation = write_rollout(memo.redis, config.release, rollout.adapter, result.state)
+                logger.info(f"{rollout.adapter}: {result.state.phase}, {result.state.canary_weight}% on "
+                            f"{result.state.canary_version or '-'} (generation {generation})")
+        except redis.RedisError as error:
+            patch.status.update(redis_unavailable_status(str(error) or type(error).__name__, previous, now))
+            return
+        if result.status.reason != status.get("reason") or result.status.weight != status.get("weight"):
+            logger.info(f"{name}: {result.status.message}")
+        patch.status.update(status_to_dict(result.status, rollout.pool, versioned_name(rollout.adapter, canary),
+                                           ready, previous, now))
+
+    @kopf.on.delete(*ADAPTER_ROLLOUTS, **on)
+    def remove_rollout_state(spec, memo, logger, **_):
+        adapter = spec.get("adapter")
+        if not isinstance(adapter, str) or not NAME_PATTERN.fullmatch(adapter):
+            return  # no adapter, no state
+        if delete_rollout(memo.redis, config.release, adapter):
+            logger.info(f"removed the rollout state of {adapter}")
+
+
+def _stored_state(client, release: str, adapter: str):
+    """What the Redis hash holds, without its generation; None for nothing or a hash that
+    breaks the contract (both get overwritten)."""
+    try:
+        stored = read_rollout(client, release, adapter)
+    except RolloutStateError:
+        return None
+    return None if stored is None else dataclasses.replace(stored, generation=0)
