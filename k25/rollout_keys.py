@@ -25,7 +25,8 @@ publishes the adapter's name on
 so that engines hot-load (and unload) versions and gateways re-read weights at once.
 `delete_rollout` removes an adapter's hash and announces that the same way; a reader
 that finds no hash after an announcement stops serving the adapter. `source` is a path
-under the engine's adapter root; `sha256` is the checksum of the adapter's weights file.
+under the engine's adapter root; `sha256` is 64 hex digits, the engine's adapter checksum
+(`cat adapter_config.json adapter_model.safetensors | sha256sum`).
 
 Engines report what they hold in their registry heartbeat (`{release}:engine:{id}`,
 `k25.redis_keys.live_engines`): the field `adapters`, a list of `versioned_name(adapter,

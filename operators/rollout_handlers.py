@@ -43,9 +43,11 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             ready = readiness(live_engines(memo.redis, config.release), rollout.pool, rollout.adapter, canary)
             result = decide_step(rollout, status_from_dict(dict(status)), stats, ready.ready, now)
             if _stored_state(memo.redis, config.release, rollout.adapter) != result.state:
-                generation = write_rollout(memo.redis, config.release, rollout.adapter, result.state)
-                logger.info(f"{rollout.adapter}: {result.state.phase}, {result.state.canary_weight}% on "
-                            f"{result.state.canary_version or '-'} (generation {generation})")
+                state = result.state
+                generation = write_rollout(memo.redis, config.release, rollout.adapter, state)
+                on_trial = f"{state.canary_version} canary at {state.canary_weight}%" if state.has_canary else "no canary"
+                logger.info(f"{rollout.adapter}: rollout state {generation}: {state.stable_version} stable, {on_trial} "
+                            f"({state.phase})")
         except redis.RedisError as error:
             patch.status.update(redis_unavailable_status(str(error) or type(error).__name__, previous, now))
             return

@@ -20,7 +20,7 @@ class RolloutSpecError(ValueError):
 class AdapterVersion:
     version: str
     source: str  # path under the engines' adapter root
-    sha256: str  # of the adapter's weights file
+    sha256: str  # of adapter_config.json followed by adapter_model.safetensors, as the engine checks it
 
 
 @dataclass(frozen=True)
