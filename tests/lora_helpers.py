@@ -59,7 +59,9 @@ def peft_references(peft_model, prompts: list[list[int]], new_tokens: int) -> di
     return references
 
 
-def run_mixed(engine: LLMEngine, jobs: list[tuple[list[int], str | None]], sampling: SamplingParams, version: str = "v1") -> list[Completion]:
+def run_mixed(
+    engine: LLMEngine, jobs: list[tuple[list[int], str | None]], sampling: SamplingParams, version: str = "v1"
+) -> list[Completion]:
     """Submit every (prompt, adapter name or None) at once and step until all have finished."""
     requests = []
     for prompt, name in jobs:

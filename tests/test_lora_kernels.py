@@ -98,7 +98,8 @@ def test_triton_and_torch_paths_agree_on_every_projection(adapters):
     generator = torch.Generator().manual_seed(2)
     for name, proj in torch_slots.projections.items():
         x = torch.randn(len(token_slots), proj.in_features, generator=generator).to(DEVICE)
-        by_torch, by_triton = torch.zeros(len(token_slots), proj.out_features, device=DEVICE), torch.zeros(len(token_slots), proj.out_features, device=DEVICE)
+        by_torch = torch.zeros(len(token_slots), proj.out_features, device=DEVICE)
+        by_triton = by_torch.clone()
         torch_slots.add_delta(1, name, x, by_torch, batch)
         triton_slots.add_delta(1, name, x, by_triton, batch)
         torch.testing.assert_close(by_triton, by_torch, rtol=1e-5, atol=1e-5)

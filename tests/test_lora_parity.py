@@ -95,5 +95,7 @@ def test_smollm2_mixed_batch_matches_peft(hf_smollm2, smollm2, prompts, tmp_path
     peft_model.save_pretrained(tmp_path)
     references = peft_references(peft_model, prompts, NEW_TOKENS)
     del peft_model
-    config = EngineConfig(chunk_size=64, max_chunk_per_gpu=16, max_num_batched_tokens=64, max_loras=2, max_lora_rank=16, adapter_root=str(tmp_path))
+    config = EngineConfig(
+        chunk_size=64, max_chunk_per_gpu=16, max_num_batched_tokens=64, max_loras=2, max_lora_rank=16, adapter_root=str(tmp_path)
+    )
     check_mixed_batch(LLMEngine(smollm2, config), prompts, references, "SmolLM2, 2 slots", parity_report)

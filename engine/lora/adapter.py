@@ -1,7 +1,7 @@
 """What names an adapter and what the engine knows about one it has loaded."""
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -53,8 +53,4 @@ class LoadedAdapter:
     sha256: str  # of the files as first read; a later re-read must match it
     rank: int
     modules: tuple[str, ...]  # PEFT modules it adapts
-    id: int = -1
-
-    def __post_init__(self):
-        if self.id < 0:
-            object.__setattr__(self, "id", next(_adapter_ids))
+    id: int = field(default_factory=lambda: next(_adapter_ids))

@@ -24,18 +24,20 @@ class LoRASlots:
         self.max_rank = max_rank
         self.projections = {p.name: p for p in projections(config)}
         self._module_slice = {m: (p, i) for p in self.projections.values() for i, m in enumerate(p.modules)}
-        self.a = [
-            {p.name: torch.zeros(num_slots, len(p.slice_sizes), max_rank, p.in_features, device=device, dtype=dtype) for p in self.projections.values()}
-            for _ in range(config.num_layers)
-        ]
-        self.b = [
-            {p.name: torch.zeros(num_slots, p.out_features, max_rank, device=device, dtype=dtype) for p in self.projections.values()}
-            for _ in range(config.num_layers)
-        ]
+
+        def stacks(shape) -> list[dict[str, torch.Tensor]]:
+            """Per layer, per projection, a zeroed tensor of shape(projection)."""
+            return [
+                {p.name: torch.zeros(shape(p), device=device, dtype=dtype) for p in self.projections.values()}
+                for _ in range(config.num_layers)
+            ]
+
+        self.a = stacks(lambda p: (num_slots, len(p.slice_sizes), max_rank, p.in_features))
+        self.b = stacks(lambda p: (num_slots, p.out_features, max_rank))
         self.nbytes = sum(t.numel() * t.element_size() for layer in self.a + self.b for t in layer.values())
         self._add = self._add_torch
         if kernel == "triton":
-            from engine.kernels.lora import lora_expand_, lora_shrink  # jit-compiles on import: only when used
+            from engine.kernels.lora import lora_expand_, lora_shrink  # decorated on import: only when used
 
             self._shrink, self._expand = lora_shrink, lora_expand_
             self._offsets = {p.name: torch.tensor(p.slice_offsets, dtype=torch.int32, device=device) for p in self.projections.values()}
