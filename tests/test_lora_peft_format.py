@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from engine.errors import EngineError, ErrorCode
 from engine.loader import load_model
-from engine.lora.peft_format import parse_peft_adapter
+from engine.lora.peft_format import UNSUPPORTED_OPTIONS, parse_peft_adapter
 from engine.lora.source import read_adapter_files
 from tests.lora_helpers import attach_random_adapters, save_tiny_llama_with_adapters
 
@@ -79,13 +79,10 @@ def test_a_missing_lora_alpha_means_peft_s_default_of_8(world, copy_of_adapter):
 
 @pytest.mark.parametrize(
     "option, value, said",
-    [
-        ("use_dora", True, "DoRA"),
-        ("lora_bias", True, "LoRA biases"),
+    [(option, True, what) for option, what in UNSUPPORTED_OPTIONS.items()]
+    + [
         ("modules_to_save", ["lm_head"], "modules_to_save"),
         ("rank_pattern", {"q_proj": 4}, "rank_pattern"),
-        ("alpha_pattern", {"q_proj": 4}, "alpha_pattern"),
-        ("fan_in_fan_out", True, "fan_in_fan_out"),
         ("bias", "all", "bias='all'"),
         ("peft_type", "IA3", "peft_type 'IA3'"),
         ("r", 0, "r must be a positive integer"),
@@ -133,8 +130,13 @@ def test_an_a_without_its_b_is_refused(world, copy_of_adapter):
     assert "q_proj has lora_A but not both" in invalid(world, copy_of_adapter)
 
 
-def test_files_that_are_not_json_or_safetensors_are_refused(world, copy_of_adapter, tmp_path):
-    (copy_of_adapter / "adapter_model.safetensors").write_bytes(b"\x00" * 64)
+def test_files_that_are_not_json_or_safetensors_or_hold_nothing_are_refused(world, copy_of_adapter):
+    weights = copy_of_adapter / "adapter_model.safetensors"
+    save_file({}, weights)
+    assert "holds no LoRA matrices" in invalid(world, copy_of_adapter)
+    weights.write_bytes(b"\x00" * 64)
     assert "not a safetensors file" in invalid(world, copy_of_adapter)
+    (copy_of_adapter / "adapter_config.json").write_text("[8]")
+    assert "not a JSON object" in invalid(world, copy_of_adapter)
     (copy_of_adapter / "adapter_config.json").write_text("{r: 8")
     assert "not JSON" in invalid(world, copy_of_adapter)

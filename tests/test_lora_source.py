@@ -127,6 +127,19 @@ def test_a_missing_folder_or_file_is_not_found(world):
     assert error.code is ErrorCode.ADAPTER_NOT_FOUND and "adapter_model.safetensors" in error.message
 
 
+def test_an_empty_path_or_an_unreadable_file_is_refused(world):
+    _, root, _ = world
+    assert refused(make_engine(world), "").code is ErrorCode.INVALID_ARGUMENT
+    folder = root / "unreadable"
+    (folder / "adapter_model.safetensors").mkdir(parents=True)  # a folder where the file should be
+    shutil.copy(root / "adapters" / "code" / "adapter_config.json", folder)
+    try:
+        error = refused(make_engine(world), "unreadable")
+    finally:
+        shutil.rmtree(folder)
+    assert error.code is ErrorCode.ADAPTER_NOT_FOUND and "cannot read adapter_model.safetensors" in error.message
+
+
 def test_an_engine_without_an_adapter_root_or_without_slots_loads_nothing(world):
     assert refused(make_engine(world, adapter_root=None), "adapters/code").code is ErrorCode.INVALID_ARGUMENT
     error = refused(make_engine(world, max_loras=0), "adapters/code")
