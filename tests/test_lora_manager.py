@@ -92,14 +92,20 @@ def test_with_one_slot_a_second_adapter_waits_until_the_first_is_idle(world):
         assert run.served(request_id, references[name])
 
 
-def test_loading_while_a_request_runs_never_takes_its_slot(world):
-    _, _, prompt, references = world
-    engine = make_engine(world)
+def alpha_running(world, **settings) -> tuple[LLMEngine, Run, str]:
+    """An engine with alpha@v1 loaded and one request for it two steps in."""
+    engine = make_engine(world, **settings)
     engine.load_adapter("alpha", "v1", "alpha")
-    run = Run(engine, prompt)
-    running = run.submit("alpha")
+    run = Run(engine, world[2])
+    request_id = run.submit("alpha")
     run.step()
     run.step()
+    return engine, run, request_id
+
+
+def test_loading_while_a_request_runs_never_takes_its_slot(world):
+    references = world[3]
+    engine, run, running = alpha_running(world)
     engine.load_adapter("beta", "v1", "beta")  # no free slot: it must not be written over alpha's
     waiting = run.submit("beta")
     run.finish()
@@ -108,12 +114,8 @@ def test_loading_while_a_request_runs_never_takes_its_slot(world):
 
 
 def test_unload_refuses_new_requests_and_lets_admitted_ones_finish(world):
-    _, _, prompt, references = world
-    engine = make_engine(world)
-    engine.load_adapter("alpha", "v1", "alpha")
-    run = Run(engine, prompt)
-    running = run.submit("alpha")
-    run.step()
+    references = world[3]
+    engine, run, running = alpha_running(world)
     assert engine.unload_adapter("alpha", "v1") is True
     assert engine.adapter_keys == [] and engine.unload_adapter("alpha", "v1") is False
     with pytest.raises(EngineError) as caught:
@@ -124,12 +126,8 @@ def test_unload_refuses_new_requests_and_lets_admitted_ones_finish(world):
 
 
 def test_a_version_reloaded_with_other_files_serves_them_while_earlier_requests_keep_the_old(world):
-    _, _, prompt, references = world
-    engine = make_engine(world, max_loras=2)
-    engine.load_adapter("alpha", "v1", "alpha")
-    run = Run(engine, prompt)
-    old = run.submit("alpha")
-    run.step()
+    references = world[3]
+    engine, run, old = alpha_running(world, max_loras=2)
     engine.unload_adapter("alpha", "v1")
     engine.load_adapter("alpha", "v1", "beta")
     new = run.submit("alpha")

@@ -1,5 +1,6 @@
 """Where adapters may be loaded from, and the checksum that must match: each refusal has its code."""
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -101,42 +102,40 @@ def test_a_symlinked_folder_that_leads_outside_the_root_is_refused(world, tmp_pa
     assert error.code is ErrorCode.INVALID_ARGUMENT and "symlink" in error.message
 
 
-def test_a_symlinked_weights_file_that_leads_outside_the_root_is_refused(world):
-    _, root, outside = world
-    folder = root / "sneaky"
+@contextlib.contextmanager
+def folder_with_only_the_config(root, name):
+    """root/<name>/ holding the adapter's config and no weights yet; removed afterwards."""
+    folder = root / name
     folder.mkdir()
     shutil.copy(root / "adapters" / "code" / "adapter_config.json", folder)
-    (folder / "adapter_model.safetensors").symlink_to(outside / "code" / "adapter_model.safetensors")
     try:
-        error = refused(make_engine(world), "sneaky")
+        yield folder
     finally:
         shutil.rmtree(folder)
+
+
+def test_a_symlinked_weights_file_that_leads_outside_the_root_is_refused(world):
+    _, root, outside = world
+    with folder_with_only_the_config(root, "sneaky") as folder:
+        (folder / "adapter_model.safetensors").symlink_to(outside / "code" / "adapter_model.safetensors")
+        error = refused(make_engine(world), "sneaky")
     assert error.code is ErrorCode.INVALID_ARGUMENT and "adapter_model.safetensors" in error.message
 
 
 def test_a_missing_folder_or_file_is_not_found(world):
     _, root, _ = world
     assert refused(make_engine(world), "adapters/nothing-here").code is ErrorCode.ADAPTER_NOT_FOUND
-    folder = root / "half"
-    folder.mkdir()
-    shutil.copy(root / "adapters" / "code" / "adapter_config.json", folder)
-    try:
+    with folder_with_only_the_config(root, "half"):
         error = refused(make_engine(world), "half")
-    finally:
-        shutil.rmtree(folder)
     assert error.code is ErrorCode.ADAPTER_NOT_FOUND and "adapter_model.safetensors" in error.message
 
 
 def test_an_empty_path_or_an_unreadable_file_is_refused(world):
     _, root, _ = world
     assert refused(make_engine(world), "").code is ErrorCode.INVALID_ARGUMENT
-    folder = root / "unreadable"
-    (folder / "adapter_model.safetensors").mkdir(parents=True)  # a folder where the file should be
-    shutil.copy(root / "adapters" / "code" / "adapter_config.json", folder)
-    try:
+    with folder_with_only_the_config(root, "unreadable") as folder:
+        (folder / "adapter_model.safetensors").mkdir()  # a folder where the file should be
         error = refused(make_engine(world), "unreadable")
-    finally:
-        shutil.rmtree(folder)
     assert error.code is ErrorCode.ADAPTER_NOT_FOUND and "cannot read adapter_model.safetensors" in error.message
 
 
