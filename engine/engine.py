@@ -82,6 +82,16 @@ class _Stream:
     emitted_chars: int = 0
 
 
+@dataclass(frozen=True)
+class StepRecord:
+    """What one engine step computed: for each request, how many tokens and whether they
+    were part of its prompt (a prefill chunk) or a decode."""
+
+    start_ns: int
+    end_ns: int
+    items: tuple[tuple[str, int, bool], ...]  # (request_id, tokens, prefill)
+
+
 class LLMEngine:
     def __init__(self, model: LoadedModel, config: EngineConfig = EngineConfig()):
         if config.chunk_size % config.block_size:
@@ -117,6 +127,7 @@ class LLMEngine:
         self._waiting_for_slot: list[Sequence] = []
         self._streams: dict[str, _Stream] = {}
         self.num_preemptions = 0
+        self.last_step: StepRecord | None = None  # what the latest step computed (for tracing)
         log.info(
             "engine ready: %d params, KV %d tokens (%d x chunk %d) in %d blocks on %s",
             model.config.num_parameters(), self.capacity_tokens, self.max_chunk_per_gpu,
@@ -266,6 +277,7 @@ class LLMEngine:
         if not batch.items:
             return outputs
         now = time.monotonic()
+        started_ns = time.time_ns()
         for seq, _ in batch.items:
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = now
@@ -273,10 +285,12 @@ class LLMEngine:
         try:
             with torch.inference_mode():
                 logits = self.model.forward(forward, self.kv)
+            items = []
             for seq, n in batch.items:
-                if seq.num_computed_tokens < len(seq.prompt_token_ids):
-                    seq.prefill_chunks += 1
+                prefill = seq.num_computed_tokens < len(seq.prompt_token_ids)
+                seq.prefill_chunks += prefill
                 seq.num_computed_tokens += n
+                items.append((seq.request_id, n, prefill))
             sampled = sample(
                 logits,
                 [seq.sampling for seq in forward.sampled],
@@ -286,6 +300,7 @@ class LLMEngine:
             log.exception("engine step failed; failing its %d requests", len(batch.items))
             error = EngineError(ErrorCode.INTERNAL, f"engine step failed: {exc}")
             return outputs + [self._finish(seq, FinishReason.ERROR, error) for seq, _ in batch.items]
+        self.last_step = StepRecord(started_ns, time.time_ns(), tuple(items))
         for seq, token in zip(forward.sampled, sampled):
             outputs.append(self._append_token(seq, token))
         return outputs

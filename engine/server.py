@@ -33,6 +33,7 @@ from engine.errors import EngineError, ErrorCode
 from engine.metrics import EngineMetrics
 from engine.outbox import Outbox
 from engine.registry import EngineStats
+from engine.tracing import RequestTraces
 from engine.wire import decode_client_message, error_message, messages_from_output, request_from_proto, request_id_of
 from proto import k25_pb2
 
@@ -70,6 +71,7 @@ class EngineServer:
         self.engine = engine
         self.settings = settings
         self.metrics = metrics or EngineMetrics()
+        self.traces = RequestTraces()  # the command names its engine and pool once it knows them
         self._context = zmq.Context()
         self.socket = self._context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.SNDHWM, settings.sndhwm)
@@ -127,7 +129,9 @@ class EngineServer:
         if self.socket.poll(timeout_ms, zmq.POLLIN):
             self._receive()
         if self._can_step():
-            self._dispatch(self.engine.step())
+            outputs = self.engine.step()
+            self.traces.stepped(self.engine.last_step)
+            self._dispatch(outputs)
         # published before sending, so that a client that has a step's output also sees its load
         self._publish_stats()
         gone = self._outbox.flush()
@@ -184,6 +188,7 @@ class EngineServer:
     def _admit(self, identity: bytes, request: k25_pb2.GenerateRequest) -> None:
         self.engine.add_request(request_from_proto(request))
         self._routes[request.request_id] = _Route(identity, time.monotonic())
+        self.traces.admitted(request)
 
     def _cancel(self, identity: bytes, request_id: str) -> None:
         route = self._routes.get(request_id)
@@ -223,6 +228,7 @@ class EngineServer:
             if output.finished:
                 del self._routes[output.request_id]
                 self._count_finished(output, now - route.admitted_at)
+                self.traces.finished(output)
             for message in messages_from_output(output):
                 self._outbox.put(route.identity, message.SerializeToString())
 
@@ -239,6 +245,7 @@ class EngineServer:
             output = self.engine.abort(request_id)
             if output is not None:
                 self._count_finished(output, time.monotonic() - route.admitted_at)
+                self.traces.finished(output)
         if orphans:
             log.info("peer %s disconnected; aborted its %d requests", identity.hex(), len(orphans))
 
@@ -251,6 +258,7 @@ class EngineServer:
             self.engine.abort(request_id)
             self._refuse(route.identity, request_id, shutting_down)
         self._routes.clear()
+        self.traces.close()
         self._outbox.flush()
         self.socket.close(linger=self.settings.linger_ms)
         self._context.term()

@@ -74,9 +74,9 @@ def _wait_ready(service: ServiceProcess, timeout_s: float) -> ServiceProcess:
         time.sleep(0.1)
 
 
-def _spawn(argv: list[str], port: int, log_path: str) -> ServiceProcess:
+def _spawn(argv: list[str], port: int, log_path: str, env: dict | None = None) -> ServiceProcess:
     with open(log_path, "w") as log:  # a file, not a pipe nobody reads
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=ENV)
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=ENV | (env or {}))
     return ServiceProcess(process, port, log_path)
 
 
@@ -87,12 +87,12 @@ def start_gateway(redis_url: str, log_path: str, *flags: str, model: str = "tiny
     return _wait_ready(_spawn(argv, port, log_path), timeout_s)
 
 
-def start_stack(log_path: str, *flags: str, timeout_s: float = 240) -> ServiceProcess:
+def start_stack(log_path: str, *flags: str, env: dict | None = None, timeout_s: float = 240) -> ServiceProcess:
     """Start `k25 up` (its own Redis unless --redis-url is among the flags) and return once
-    its gateway is ready."""
+    its gateway is ready; `env` is added to the environment of every process of the stack."""
     port = free_port()
     argv = [*K25, "up", "--port", str(port), *flags]
-    return _wait_ready(_spawn(argv, port, log_path), timeout_s)
+    return _wait_ready(_spawn(argv, port, log_path, env), timeout_s)
 
 
 def children_of(pid: int) -> dict[int, str]:

@@ -24,6 +24,12 @@ def register(subparsers) -> None:
     p.add_argument("--max-chunk-per-gpu", type=int, default=None, help="KV capacity in chunks (default: the node type's)")
     p.add_argument("--node-type", default="cpu", help="a100-40g, a100-80g, h100-80g, h200 or cpu (default cpu)")
     p.add_argument("--max-waiting", type=int, default=1024, help="queued requests beyond which new ones are refused (default 1024)")
+    lora = p.add_argument_group("LoRA adapters")
+    lora.add_argument("--max-loras", type=int, default=0, help="adapters on the device at once; 0 turns adapters off (default 0)")
+    lora.add_argument("--max-cpu-loras", type=int, default=8, help="adapters kept in CPU memory (default 8)")
+    lora.add_argument("--max-lora-rank", type=int, default=64, help="highest adapter rank accepted (default 64)")
+    lora.add_argument("--adapter-root", default=None, help="adapters load only from folders under this one")
+    lora.add_argument("--lora-kernel", default="torch", choices=["torch", "triton"], help="the LoRA delta's kernel (default torch)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--pool", default="default", help="the pool this engine serves (default 'default')")
     p.add_argument("--zmq-port", type=int, default=5555, help="ROUTER port (default 5555)")
@@ -51,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
     from engine.metrics import EngineMetrics
     from engine.registry import EngineProfile, registry_entry
     from engine.server import EngineServer, ServerSettings
+    from engine.tracing import RequestTraces
+    from k25.tracing import setup_tracing
     from k25.model_source import ModelLoadError
 
     if args.heartbeat_ttl_s <= args.heartbeat_interval_s:
@@ -60,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
         model = load_model(args.model)
         config = EngineConfig(
             chunk_size=args.chunk_size, max_chunk_per_gpu=args.max_chunk_per_gpu, node_type=args.node_type, device=args.device,
-            max_waiting=args.max_waiting,
+            max_waiting=args.max_waiting, max_loras=args.max_loras, max_cpu_loras=args.max_cpu_loras,
+            max_lora_rank=args.max_lora_rank, adapter_root=args.adapter_root, lora_kernel=args.lora_kernel,
         )
         engine = LLMEngine(model, config)
     except (ModelLoadError, EngineConfigError) as exc:
@@ -92,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
         capacity_tokens=engine.capacity_tokens,
         max_model_len=engine.max_model_len,
     )
+    server.traces = RequestTraces(engine_id, args.pool, args.model)
+    tracing = setup_tracing("k25-engine")
     heartbeat = None
     if args.redis_url:
         heartbeat = Heartbeat(
@@ -116,4 +127,6 @@ def run(args: argparse.Namespace) -> int:
             heartbeat.stop()
         server.close()
         metrics.close()
+        if tracing is not None:
+            tracing.shutdown()
     return 0

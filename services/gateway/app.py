@@ -33,6 +33,8 @@ def create_app(gateway: Gateway, api_keys: ApiKeys | None = None) -> FastAPI:
     app = FastAPI(
         title="K25 gateway", version="0.1.0", lifespan=lifespan,
         description="OpenAI-compatible API in front of K25's engine pools.",
+        # our own middleware traces requests: its span lasts until a stream's last event
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=gateway.settings.max_body_bytes)
