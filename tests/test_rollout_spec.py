@@ -6,6 +6,7 @@ the API server does (no duplicates)."""
 import pathlib
 
 import celpy
+import kubernetes_validate
 import pytest
 import yaml
 from crd_schema import custom_resource_errors
@@ -54,6 +55,11 @@ def api_server_errors(spec: dict) -> list[str]:
 def test_crd_serves_k25_io_v1alpha1_namespaced_with_status():
     assert (CRD["spec"]["group"], VERSION["name"], CRD["spec"]["scope"]) == ("k25.io", "v1alpha1", "Namespaced")
     assert CRD["spec"]["names"]["plural"] == "adapterrollouts" and VERSION["subresources"] == {"status": {}}
+
+
+@pytest.mark.parametrize("version", ["1.30", kubernetes_validate.latest_version()])
+def test_the_crd_is_a_valid_kubernetes_object(version):
+    kubernetes_validate.validate(CRD, version, strict=True)
 
 
 def test_printer_columns_show_adapter_versions_weight_phase_and_age():
