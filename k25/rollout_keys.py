@@ -47,6 +47,7 @@ Per adapter version request outcomes, written by the gateways for each epoch sec
 `version_stats` sums the complete seconds of a window and takes the p95 from the buckets.
 """
 
+import bisect
 import json
 import math
 import re
@@ -59,6 +60,7 @@ ADAPTER_STATS_TTL_S = 300
 # (hash field, upper bound in seconds), in increasing order
 LATENCY_BUCKETS = (("le_0.05", 0.05), ("le_0.1", 0.1), ("le_0.25", 0.25), ("le_0.5", 0.5), ("le_1", 1.0),
                    ("le_2.5", 2.5), ("le_5", 5.0), ("le_10", 10.0), ("le_inf", math.inf))
+BUCKET_BOUNDS_S = tuple(bound for _, bound in LATENCY_BUCKETS)
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
@@ -226,7 +228,7 @@ def record_version_outcomes(pipe, release: str, adapter: str, version: str, epoc
         raise ValueError(f"latencies must be non-negative seconds, got {[x for x in latencies if not x >= 0][:3]}")
     counts = [0] * len(LATENCY_BUCKETS)
     for latency in latencies:
-        counts[next(i for i, (_, bound) in enumerate(LATENCY_BUCKETS) if latency <= bound)] += 1
+        counts[bisect.bisect_left(BUCKET_BOUNDS_S, latency)] += 1  # the first bound >= latency
     key = adapter_stats_key(release, adapter, version, epoch_second)
     pipe.hincrby(key, "requests", requests)
     pipe.hincrby(key, "errors", errors)
