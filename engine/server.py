@@ -55,6 +55,8 @@ class ServerSettings:
     send_retry_ms: int = 10  # how long it waits before retrying peers whose queues were full
     max_frames_per_step: int = 256  # frames read between two engine steps
     max_pending_messages: int = 5000  # unsent messages beyond which the engine pauses
+    # "name@version" whose requests are failed on purpose (INTERNAL): how tests make a bad canary
+    faulty_adapters: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -186,6 +188,8 @@ class EngineServer:
             self._refuse(identity, request_id, EngineError(ErrorCode.INTERNAL, f"engine server error: {exc}"))
 
     def _admit(self, identity: bytes, request: k25_pb2.GenerateRequest) -> None:
+        if f"{request.adapter.name}@{request.adapter.version}" in self.settings.faulty_adapters:
+            raise EngineError(ErrorCode.INTERNAL, "fault injected for this adapter version (--inject-fault)")
         self.engine.add_request(request_from_proto(request))
         self._routes[request.request_id] = _Route(identity, time.monotonic())
         self.traces.admitted(request)

@@ -30,6 +30,8 @@ def register(subparsers) -> None:
     lora.add_argument("--max-lora-rank", type=int, default=64, help="highest adapter rank accepted (default 64)")
     lora.add_argument("--adapter-root", default=None, help="adapters load only from folders under this one")
     lora.add_argument("--lora-kernel", default="torch", choices=["torch", "triton"], help="the LoRA delta's kernel (default torch)")
+    lora.add_argument("--inject-fault", action="append", default=[], metavar="NAME@VERSION",
+                      help="fail every request for this adapter version with INTERNAL (for testing canary rollbacks)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--pool", default="default", help="the pool this engine serves (default 'default')")
     p.add_argument("--zmq-port", type=int, default=5555, help="ROUTER port (default 5555)")
@@ -57,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.metrics import EngineMetrics
     from engine.registry import EngineProfile, registry_entry
     from engine.server import EngineServer, ServerSettings
+    from engine.rollout_watcher import RolloutWatcher
     from engine.tracing import RequestTraces
     from k25.tracing import setup_tracing
     from k25.model_source import ModelLoadError
@@ -75,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
     except (ModelLoadError, EngineConfigError) as exc:
         print(f"k25 engine: {exc}", file=sys.stderr)
         return 2
-    settings = ServerSettings(port=args.zmq_port, sndhwm=args.sndhwm, rcvhwm=args.rcvhwm, linger_ms=args.linger_ms)
+    settings = ServerSettings(port=args.zmq_port, sndhwm=args.sndhwm, rcvhwm=args.rcvhwm, linger_ms=args.linger_ms,
+                              faulty_adapters=frozenset(args.inject_fault))
     metrics = EngineMetrics()
     try:
         server = EngineServer(engine, settings, metrics)
@@ -103,7 +107,9 @@ def run(args: argparse.Namespace) -> int:
     )
     server.traces = RequestTraces(engine_id, args.pool, args.model)
     tracing = setup_tracing("k25-engine")
-    heartbeat = None
+    heartbeat = watcher = None
+    if args.redis_url and args.max_loras:
+        watcher = RolloutWatcher(registry_client(args.redis_url), args.release, server)
     if args.redis_url:
         heartbeat = Heartbeat(
             registry_client(args.redis_url), args.release, engine_id, lambda: registry_entry(profile, server.stats),
@@ -119,10 +125,14 @@ def run(args: argparse.Namespace) -> int:
     )
     if heartbeat is not None:
         heartbeat.start()
+    if watcher is not None:
+        watcher.start()
     try:
         server.serve(stop)
     finally:
         log.info("engine %s shutting down", engine_id)
+        if watcher is not None:
+            watcher.stop()
         if heartbeat is not None:
             heartbeat.stop()
         server.close()
