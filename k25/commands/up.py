@@ -40,6 +40,10 @@ def register(subparsers) -> None:
     p.add_argument("--release", default="k25", help="prefix of every Redis key (default k25)")
     p.add_argument("--log-dir", default=None, help="where each process writes its log (default: a new temporary folder)")
     p.add_argument("--api-keys-file", default=None, help="passed to the gateway (see `k25 api-key`)")
+    p.add_argument("--adapter-root", default=None, help="LoRA adapters load from folders under this one (turns adapters on)")
+    p.add_argument("--max-loras", type=int, default=4, help="adapters on each engine at once, with --adapter-root (default 4)")
+    p.add_argument("--engine-flag", action="append", default=[], metavar="FLAG",
+                   help="one more flag for every engine, e.g. --engine-flag=--max-waiting=64; repeatable")
     scaling = p.add_argument_group("autoscaling (the operator's policy, on local engine processes)")
     scaling.add_argument("--autoscale", action="store_true", help="start and stop engines from the pool's QPS")
     scaling.add_argument("--max-engines", type=int, default=4, help="engines per pool at most (default 4)")
@@ -113,10 +117,15 @@ class LocalStack:
         child = self.group.spawn(name, [
             *self._k25, "engine", "--model", self.args.model, "--pool", pool, "--chunk-size", str(chunk_size),
             "--zmq-port", "0", "--metrics-port", str(metrics_port), "--redis-url", self.redis_url,
-            "--release", self.args.release, "--engine-id", name,
+            "--release", self.args.release, "--engine-id", name, *self._lora_flags(), *self.args.engine_flag,
         ])
         child.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         return child
+
+    def _lora_flags(self) -> list[str]:
+        if not self.args.adapter_root:
+            return []
+        return ["--adapter-root", os.path.abspath(self.args.adapter_root), "--max-loras", str(self.args.max_loras)]
 
     def registered(self) -> dict:
         import redis
