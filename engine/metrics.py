@@ -1,19 +1,17 @@
-"""The engine's Prometheus metrics, served on a small HTTP port beside its ZMQ port.
+"""The engine's Prometheus metrics, served on a small HTTP port beside its ZMQ port."""
 
-Each engine owns its registry (not prometheus_client's global one), so that several
-servers in one process, as in tests, never collide."""
-
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram
 
 from engine.registry import EngineStats
+from k25.metrics_http import MetricsEndpoint
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _INTER_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
-class EngineMetrics:
+class EngineMetrics(MetricsEndpoint):
     def __init__(self):
-        self.registry = CollectorRegistry()
+        super().__init__()
         r = self.registry
         self.running = Gauge("k25_engine_running_requests", "Requests the scheduler is running", registry=r)
         self.waiting = Gauge("k25_engine_waiting_requests", "Requests queued for a first step", registry=r)
@@ -36,7 +34,6 @@ class EngineMetrics:
             "k25_engine_request_errors", "Requests (or frames) answered with an Error, by code", ["code"], registry=r
         )
         self._preemptions_seen = 0
-        self._http = None
 
     def update_load(self, stats: EngineStats) -> None:
         self.running.set(stats.running)
@@ -45,14 +42,3 @@ class EngineMetrics:
         if stats.preemptions > self._preemptions_seen:
             self.preemptions.inc(stats.preemptions - self._preemptions_seen)
             self._preemptions_seen = stats.preemptions
-
-    def serve(self, port: int, address: str = "0.0.0.0") -> int:
-        """Serve /metrics on `port` (0: a free one); returns the port."""
-        self._http, _ = start_http_server(port, address, registry=self.registry)
-        return self._http.server_port
-
-    def close(self) -> None:
-        if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
-            self._http = None

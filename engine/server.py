@@ -35,6 +35,7 @@ from engine.outbox import Outbox
 from engine.registry import EngineStats
 from engine.tracing import RequestTraces
 from engine.wire import decode_client_message, error_message, messages_from_output, request_from_proto, request_id_of
+from k25.zmq_router import bind_router
 from proto import k25_pb2
 
 log = logging.getLogger(__name__)
@@ -75,18 +76,8 @@ class EngineServer:
         self.metrics = metrics or EngineMetrics()
         self.traces = RequestTraces()  # the command names its engine and pool once it knows them
         self._context = zmq.Context()
-        self.socket = self._context.socket(zmq.ROUTER)
-        self.socket.setsockopt(zmq.SNDHWM, settings.sndhwm)
-        self.socket.setsockopt(zmq.RCVHWM, settings.rcvhwm)
-        self.socket.setsockopt(zmq.LINGER, settings.linger_ms)
-        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        try:
-            self.socket.bind(f"tcp://{settings.bind_host}:{settings.port}")
-        except zmq.ZMQError:
-            self.socket.close(linger=0)
-            self._context.term()
-            raise
-        self.port = int(self.socket.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
+        self.socket, self.port = bind_router(self._context, settings.bind_host, settings.port, settings.sndhwm,
+                                             settings.rcvhwm, settings.linger_ms, {zmq.ROUTER_MANDATORY: 1})
         self._outbox = Outbox(self.socket)
         self._routes: dict[str, _Route] = {}
         self.malformed_frames = 0

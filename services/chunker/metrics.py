@@ -1,14 +1,16 @@
 """The chunker's Prometheus metrics (k25_chunker_*), in a registry of its own."""
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import Counter, Histogram
+
+from k25.metrics_http import MetricsEndpoint
 
 _DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _BYTES_BUCKETS = tuple(float(1 << k) for k in range(10, 27, 2))  # 1 KiB .. 64 MiB
 
 
-class ChunkerMetrics:
+class ChunkerMetrics(MetricsEndpoint):
     def __init__(self):
-        self.registry = CollectorRegistry()
+        super().__init__()
         r = self.registry
         self.requests = Counter(
             "k25_chunker_requests", "Requests answered, by outcome (ok or the error code)", ["outcome"], registry=r
@@ -21,15 +23,3 @@ class ChunkerMetrics:
         )
         self.chunks = Counter("k25_chunker_chunks", "Chunks returned", registry=r)
         self.tokens = Counter("k25_chunker_tokens", "Document tokens chunked", registry=r)
-        self._http = None
-
-    def serve(self, port: int, address: str = "0.0.0.0") -> int:
-        """Serve /metrics on `port` (0: a free one); returns the port."""
-        self._http, _ = start_http_server(port, address, registry=self.registry)
-        return self._http.server_port
-
-    def close(self) -> None:
-        if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
-            self._http = None

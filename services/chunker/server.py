@@ -18,6 +18,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from k25.tracing import context_from
+from k25.zmq_router import bind_router
 from proto import k25_pb2
 from services.chunker.boundaries import ChunkParams
 from services.chunker.chunker import Chunker
@@ -55,18 +56,8 @@ class ChunkerServer:
         self.settings = settings
         self.metrics = metrics or ChunkerMetrics()
         self._context = zmq.Context()
-        self.socket = self._context.socket(zmq.ROUTER)
-        self.socket.setsockopt(zmq.SNDHWM, settings.sndhwm)
-        self.socket.setsockopt(zmq.RCVHWM, settings.rcvhwm)
-        self.socket.setsockopt(zmq.LINGER, settings.linger_ms)
-        self.socket.setsockopt(zmq.MAXMSGSIZE, settings.max_frame_bytes)
-        try:
-            self.socket.bind(f"tcp://{settings.bind_host}:{settings.port}")
-        except zmq.ZMQError:
-            self.socket.close(linger=0)
-            self._context.term()
-            raise
-        self.port = int(self.socket.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
+        self.socket, self.port = bind_router(self._context, settings.bind_host, settings.port, settings.sndhwm,
+                                             settings.rcvhwm, settings.linger_ms, {zmq.MAXMSGSIZE: settings.max_frame_bytes})
         self.malformed_frames = 0
 
     def serve(self, stop: threading.Event) -> None:
