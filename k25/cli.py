@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "k25.commands.gateway",
     "k25.commands.api_key",
     "k25.commands.up",
+    "k25.commands.rollout",
 ]
 
 

@@ -8,18 +8,15 @@
   offering it. An AdapterRollout is the declaration that its adapter is served.
 """
 
-import dataclasses
 import time
 
 import kopf
 import redis
 
-from k25.redis_keys import live_engines
-from k25.rollout_keys import (NAME_PATTERN, RolloutStateError, delete_rollout, read_rollout, version_stats,
-                              versioned_name, write_rollout)
+from k25.rollout_keys import NAME_PATTERN, delete_rollout, versioned_name
 from operators.config import OperatorConfig
-from operators.rollout_policy import decide_step, readiness
 from operators.rollout_spec import RolloutSpecError, parse_rollout_spec
+from operators.rollout_step import describe_state, run_step
 from operators.rollout_status import invalid_spec_status, redis_unavailable_status, status_from_dict, status_to_dict
 
 ADAPTER_ROLLOUTS = ("k25.io", "v1alpha1", "adapterrollouts")
@@ -37,24 +34,19 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         except RolloutSpecError as error:
             patch.status.update(invalid_spec_status(str(error), previous, now))
             return
-        canary = rollout.canary.version
         try:
-            stats = version_stats(memo.redis, config.release, rollout.adapter, canary, now, rollout.interval_s)
-            ready = readiness(live_engines(memo.redis, config.release), rollout.pool, rollout.adapter, canary)
-            result = decide_step(rollout, status_from_dict(dict(status)), stats, ready.ready, now)
-            if _stored_state(memo.redis, config.release, rollout.adapter) != result.state:
-                state = result.state
-                generation = write_rollout(memo.redis, config.release, rollout.adapter, state)
-                on_trial = f"{state.canary_version} canary at {state.canary_weight}%" if state.has_canary else "no canary"
-                logger.info(f"{rollout.adapter}: rollout state {generation}: {state.stable_version} stable, {on_trial} "
-                            f"({state.phase})")
+            outcome = run_step(memo.redis, config.release, rollout, status_from_dict(dict(status)), now)
         except redis.RedisError as error:
             patch.status.update(redis_unavailable_status(str(error) or type(error).__name__, previous, now))
             return
+        result = outcome.result
+        if outcome.generation is not None:
+            logger.info(f"{rollout.adapter}: {describe_state(outcome.generation, result.state)}")
         if result.status.reason != status.get("reason") or result.status.weight != status.get("weight"):
             logger.info(f"{name}: {result.status.message}")
-        patch.status.update(status_to_dict(result.status, rollout.pool, versioned_name(rollout.adapter, canary),
-                                           ready, previous, now))
+        patch.status.update(status_to_dict(result.status, rollout.pool,
+                                           versioned_name(rollout.adapter, rollout.canary.version),
+                                           outcome.readiness, previous, now))
 
     @kopf.on.delete(*ADAPTER_ROLLOUTS, **on)
     def remove_rollout_state(spec, memo, logger, **_):
@@ -64,12 +56,3 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         if delete_rollout(memo.redis, config.release, adapter):
             logger.info(f"removed the rollout state of {adapter}")
 
-
-def _stored_state(client, release: str, adapter: str):
-    """What the Redis hash holds, without its generation; None for nothing or a hash that
-    breaks the contract (both get overwritten)."""
-    try:
-        stored = read_rollout(client, release, adapter)
-    except RolloutStateError:
-        return None
-    return None if stored is None else dataclasses.replace(stored, generation=0)

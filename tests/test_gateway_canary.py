@@ -73,5 +73,10 @@ def test_an_adapter_without_a_rollout_is_served_in_the_version_the_engines_hold(
 
 def test_an_adapter_with_a_rollout_is_placed_by_user():
     rollouts = {"legal": rollout(50)}
-    choices = {choose_adapter("legal", BASE, rollouts, set(), u).version for u in USERS[:100]}
+    choices = {choose_adapter("legal", BASE, rollouts, {"legal@v1", "legal@v2"}, u).version for u in USERS[:100]}
     assert choices == {"v1", "v2"}
+
+
+def test_canary_users_get_stable_until_an_engine_holds_the_canary():
+    rollouts = {"legal": rollout(100)}
+    assert choose_adapter("legal", BASE, rollouts, {"legal@v1"}, "u") == AdapterChoice("legal", "v1", STABLE)

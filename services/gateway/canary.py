@@ -5,7 +5,7 @@ rollout decides the version) or one version (`name@version`, pinned). With a rol
 user is placed by a stable hash of their id into one of 100 buckets: buckets below the
 canary weight get the canary, so one user sees one version during a step, and raising
 the weight only ever moves users from stable to canary. Users on the allow-list always
-get the canary.
+get the canary. Until some engine reports the canary loaded, its users get stable.
 """
 
 import hashlib
@@ -56,7 +56,10 @@ def choose_adapter(model: str, base_names: set[str], rollouts: dict[str, Rollout
             return AdapterChoice(name, version, PINNED)
         raise UnknownModel(f"no version {version!r} of adapter {name!r} is served")
     if name in rollouts:
-        return place(name, rollouts[name], user)
+        choice = place(name, rollouts[name], user)
+        if choice.group == CANARY and choice.key not in loaded:  # no engine holds it yet: stable meanwhile
+            return AdapterChoice(name, rollouts[name].stable_version, STABLE)
+        return choice
     versions = sorted(v for n, _, v in (key.partition("@") for key in loaded) if n == name)
     if len(versions) == 1:
         return AdapterChoice(name, versions[0], STABLE)
