@@ -172,7 +172,7 @@ async def served_model(client: httpx.AsyncClient, url: str, wanted: str | None) 
         raise CannotBenchmark(f"{url}: not a valid URL ({exc})") from None
     except httpx.HTTPError as exc:
         raise CannotBenchmark(f"cannot reach the gateway at {url} ({type(exc).__name__}: {exc or 'no answer'}); "
-                                 "is it running? (k25 up)") from None
+                              "is it running? (k25 up)") from None
     if response.status_code != 200:
         raise CannotBenchmark(f"GET {url}/v1/models answered HTTP {response.status_code}: {_error_message(response.content)}")
     try:
@@ -217,7 +217,11 @@ async def stream_completion(client: httpx.AsyncClient, url: str, model: str, spe
                     if data == "[DONE]":
                         finished = True
                         break
-                    event = json.loads(data)
+                    try:
+                        event = json.loads(data)
+                    except ValueError:
+                        result.error, result.error_message = "bad-event", f"not JSON: {data[:200]!r}"
+                        break
                     if "error" in event:
                         result.error = f"stream:{event['error'].get('code') or 'error'}"
                         result.error_message = event["error"].get("message", "")

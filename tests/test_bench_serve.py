@@ -4,13 +4,16 @@ figures worked out by hand), the command's error paths, and short runs against a
 `k25 up --model tiny-random` stack whose gateway's own Prometheus counters confirm what the
 benchmark saw."""
 
+import asyncio
 import json
 import math
 import re
 import signal
 import subprocess
 import sys
+import time
 
+import httpx
 import numpy as np
 import pytest
 from PIL import Image
@@ -18,10 +21,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway_process import start_stack
 from k25.bench_serve import (
-    PROMPT_TOKEN_IDS, RequestResult, highest_qps_held, make_workload, max_overlap, percentile, poisson_arrivals, summarize,
+    PROMPT_TOKEN_IDS, RequestResult, RequestSpec, highest_qps_held, make_workload, max_overlap, percentile, poisson_arrivals,
+    stream_completion, summarize,
 )
 from k25.cli import main
+from proto import k25_pb2
 from redis_server import free_port
+from services.gateway.errors import OpenAIError, overloaded
+from services.gateway.responses import sse, text_chunk, usage_chunk
 
 K25 = [sys.executable, "-m", "k25.cli"]
 
@@ -140,6 +147,46 @@ def test_highest_qps_held_needs_no_failure_and_p99_under_the_limit():
     assert highest_qps_held([_level(5, None, failed=3)], 100) is None
 
 
+# --- reading one stream ------------------------------------------------------------------------
+# The events are written by the gateway's own serialisers (services.gateway.responses/errors);
+# httpx's MockTransport stands in for the network only.
+
+def _read_stream(body: str, status: int = 200) -> RequestResult:
+    transport = httpx.MockTransport(lambda request: httpx.Response(status, text=body, headers={"content-type": "text/event-stream"}))
+
+    async def read():
+        async with httpx.AsyncClient(transport=transport) as client:
+            return await stream_completion(client, "http://gateway", "m", RequestSpec(0.0, [1000, 1001], 8), time.perf_counter)
+
+    return asyncio.run(read())
+
+
+def test_a_stream_counts_token_events_and_takes_output_tokens_from_usage():
+    events = [text_chunk("cmpl-1", 0, "m", text) for text in ("He", "", "llo")]
+    events += [text_chunk("cmpl-1", 0, "m", "", "length"), usage_chunk("cmpl-1", 0, "m", False, k25_pb2.Usage(prompt_tokens=2, completion_tokens=5))]
+    result = _read_stream("".join(map(sse, events)) + sse("[DONE]"))
+    assert result.error is None and len(result.token_times_s) == 3 and result.output_tokens == 5
+    assert result.token_times_s == sorted(result.token_times_s) and result.ended_s >= result.started_s
+
+
+def test_an_error_event_mid_stream_counts_by_its_code():
+    error = OpenAIError(502, "engine e1 went away mid-answer; the answer is incomplete", "server_error", "engine_lost")
+    result = _read_stream(sse(text_chunk("cmpl-1", 0, "m", "Hi")) + sse(error.body()))
+    assert result.error == "stream:engine_lost" and "went away" in result.error_message
+    assert len(result.token_times_s) == 1
+
+
+def test_an_error_status_counts_by_status_with_the_gateways_message():
+    result = _read_stream(json.dumps(overloaded("every engine is at capacity; try again shortly").body()), status=503)
+    assert (result.error, result.error_message) == ("503", "every engine is at capacity; try again shortly")
+
+
+def test_a_stream_without_done_or_with_a_non_json_event_is_an_error():
+    assert _read_stream(sse(text_chunk("cmpl-1", 0, "m", "Hi"))).error == "incomplete"
+    result = _read_stream("data: {half an event\n\n")
+    assert result.error == "bad-event" and "half an event" in result.error_message
+
+
 # --- the command's errors ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("flags, message", [
@@ -248,3 +295,18 @@ def test_a_workload_the_gateway_refuses_stops_before_the_run(stack, flags, messa
     result = bench(stack, "--qps", "1", "--duration", "1", *flags)
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_run_with_a_message_not_a_traceback(stack):
+    before = answered_200(stack)
+    process = subprocess.Popen([*K25, "bench", "serve", "--url", stack.url, "--qps", "2", "--duration", "600",
+                                "--prompt-tokens", "16", "16", "--max-tokens", "2", "2"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while answered_200(stack) < before + 2 and time.monotonic() < deadline:  # the warm-up and one measured request
+        time.sleep(0.1)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert "k25 bench serve: interrupted" in err and "Traceback" not in err and out == ""
