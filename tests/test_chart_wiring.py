@@ -111,9 +111,9 @@ def test_api_key_entries_become_a_secret_the_gateway_can_load(tmp_path):
     path = tmp_path / "keys.json"
     path.write_text(secret["stringData"][keys_file.rsplit("/", 1)[1]])
     keys = ApiKeys.from_file(str(path))
-    assert keys.tenant_of("k25-test-key-acme") == "acme"
-    assert keys.tenant_of("k25-test-key-globex") == "globex"
-    assert keys.tenant_of("k25-test-key-nobody") is None
+    assert keys.caller_of("k25-test-key-acme").tenant == "acme"
+    assert keys.caller_of("k25-test-key-globex").tenant == "globex"
+    assert keys.caller_of("k25-test-key-nobody") is None
     assert hashlib.sha256(b"k25-test-key-acme").hexdigest() in secret["stringData"]["keys.json"]
 
 
