@@ -13,22 +13,20 @@ import uuid
 from dataclasses import dataclass, field
 
 import redis
-from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from k25.tokenizer import Tokenizer
-from k25.tracing import traceparent_of
 from proto import k25_pb2
 from services.chunker.client import ChunkerClient
+from services.gateway.accounting import RequestAccounting, write_counts
 from services.gateway.api_keys import Caller
 from services.gateway.canary import AdapterChoice, UnknownModel, choose_adapter
-from services.gateway.accounting import RequestAccounting, write_counts
 from services.gateway.dispatch import EngineLost, Job, open_stream, plan_pool
 from services.gateway.engine_client import EngineConnections
 from services.gateway.errors import OpenAIError, invalid_request, overloaded
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_schema import SamplingFields
+from services.gateway.outcome import RequestOutcome
 from services.gateway.registry_view import RegistryView
 from services.gateway.responses import (
     FINISH_REASONS, LogprobsBuilder, chat_chunk, merge_logprobs, sse, text_chunk, usage_body, usage_chunk,
@@ -36,7 +34,6 @@ from services.gateway.responses import (
 from services.gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
-tracer = trace.get_tracer("k25.gateway")
 
 # a non-streamed request whose engine dies is started again elsewhere, at most this often
 MAX_ENGINE_LOSSES = 2
@@ -173,15 +170,15 @@ class Gateway:
             "model": job.model, "choices": [choice], "usage": usage_body(answer.final.usage),
         })
 
-    def _begin(self, job: Job, chat: bool, parent_span) -> "_Outcome":
+    def _begin(self, job: Job, chat: bool, parent_span) -> RequestOutcome:
         if self.inflight >= self.settings.max_inflight:
             self.metrics.rejected.labels("gateway_full").inc()
             raise overloaded(f"the gateway has {self.inflight} requests in flight (its limit); try again shortly")
         pool = plan_pool(job, self.registry.engines) or "unrouted"
-        return _Outcome(self, pool, time.time(), job, chat, parent_span)
+        return RequestOutcome(self, pool, time.time(), job, chat, parent_span)
 
-    def _failed(self, outcome: "_Outcome", exc: BaseException) -> None:
-        status = exc.status if isinstance(exc, OpenAIError) else 499
+    def _failed(self, outcome: RequestOutcome, exc: BaseException) -> None:
+        status = exc.status if isinstance(exc, OpenAIError) else 499  # 499: the client went away
         if status == 503:
             self.metrics.rejected.labels(exc.code or "overloaded").inc()
         outcome.done(status)
@@ -198,7 +195,7 @@ class Gateway:
         outcome.done(200)
         return answer
 
-    async def _generate(self, job: Job, shape: "ReplyShape", outcome: "_Outcome") -> "Answer":
+    async def _generate(self, job: Job, shape: "ReplyShape", outcome: RequestOutcome) -> "Answer":
         lost: set[str] = set()
         while True:
             opened = await self._open(job, frozenset(lost))
@@ -245,7 +242,7 @@ class Gateway:
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
-    async def _events(self, opened, job: Job, shape: "ReplyShape", outcome: "_Outcome", epilogue):
+    async def _events(self, opened, job: Job, shape: "ReplyShape", outcome: RequestOutcome, epilogue):
         created = int(time.time())
         logprobs = LogprobsBuilder(self.tokenizer, shape.chat)
         status = 499  # unless it ends otherwise: the client went away
@@ -300,73 +297,6 @@ class Answer:
     text: str = ""
     logprob_parts: list = field(default_factory=list)
     final: k25_pb2.Final | None = None
-
-
-class _Outcome:
-    """Books one request's end exactly once: accounting, metrics, the in-flight count, and
-    the span that covers its trip to the engines (its context goes to them in the Job)."""
-
-    def __init__(self, gateway: Gateway, pool: str, started: float, job: Job, chat: bool, parent_span):
-        self.gateway, self.pool, self.started = gateway, pool, started
-        self.adapter = job.adapter
-        self._first_token_seen = False
-        self._done = False
-        gateway.accounting.arrived(pool, started)
-        gateway.inflight += 1
-        gateway.metrics.inflight.inc()
-        operation = "chat" if chat else "text_completion"
-        self.span = tracer.start_span(
-            f"{operation} {job.model}", context=trace.set_span_in_context(parent_span), kind=SpanKind.CLIENT,
-            attributes={
-                "gen_ai.operation.name": operation, "gen_ai.system": "k25", "gen_ai.request.model": job.model,
-                "gen_ai.request.max_tokens": job.sampling.max_tokens,
-                "gen_ai.request.temperature": job.sampling.temperature, "gen_ai.request.top_p": job.sampling.top_p, "gen_ai.response.id": job.request_id,
-                "k25.tenant": job.tenant, "k25.prompt_tokens": len(job.prompt_token_ids),
-                **({"k25.adapter": job.adapter.name, "k25.adapter_version": job.adapter.version,
-                    "k25.ab_group": job.adapter.group} if job.adapter else {}),
-            },
-        )
-        job.traceparent, job.tracestate = traceparent_of(self.span)
-
-    def opened(self, opened) -> None:
-        self.pool = opened.pool
-        self.span.set_attributes({"k25.pool": opened.pool, "k25.engine": opened.engine.engine_id,
-                                  "k25.chunk_size": opened.engine.chunk_size})
-
-    def first_token(self) -> None:
-        if not self._first_token_seen:
-            self._first_token_seen = True
-            self.span.add_event("first_token")
-            self.gateway.metrics.ttft.labels(self.pool).observe(time.time() - self.started)
-
-    def finished(self, final: k25_pb2.Final) -> None:
-        self.span.set_attributes({
-            "gen_ai.usage.input_tokens": final.usage.prompt_tokens, "gen_ai.usage.output_tokens": final.usage.completion_tokens,
-            "gen_ai.response.finish_reasons": [FINISH_REASONS.get(final.finish_reason, "stop")],
-            "k25.pad_tokens": final.usage.pad_tokens,
-        })
-
-    def done(self, status: int) -> None:
-        if self._done:
-            return
-        self._done = True
-        now = time.time()
-        g = self.gateway
-        g.inflight -= 1
-        g.metrics.inflight.dec()
-        g.metrics.requests.labels(self.pool, str(status)).inc()
-        g.metrics.latency.labels(self.pool).observe(now - self.started)
-        failed = status >= 500
-        adapter = self.adapter
-        g.accounting.finished(self.pool, now, now - self.started, failed, (adapter.name, adapter.version) if adapter else None)
-        if adapter is not None:
-            g.metrics.lora_requests.labels(adapter.name, adapter.version, adapter.group, str(status)).inc()
-            if not failed:
-                g.metrics.lora_latency.labels(adapter.name, adapter.group).observe(now - self.started)
-        self.span.set_attribute("http.response.status_code", status)
-        if status >= 500:
-            self.span.set_status(Status(StatusCode.ERROR))
-        self.span.end()
 
 
 def _trim(logprobs, wanted: int | None):

@@ -1,0 +1,82 @@
+"""The bookkeeping of one request from its start to its end: the in-flight count, the
+Redis accounting, the Prometheus metrics, and the span of its trip to the engines (whose
+context goes to them in the Job)."""
+
+import time
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from k25.tracing import traceparent_of
+from proto import k25_pb2
+from services.gateway.dispatch import Job
+from services.gateway.responses import FINISH_REASONS
+
+tracer = trace.get_tracer("k25.gateway")
+
+
+class RequestOutcome:
+    """Books one request's end exactly once: accounting, metrics, the in-flight count, and
+    the span that covers its trip to the engines (its context goes to them in the Job)."""
+
+    def __init__(self, gateway, pool: str, started: float, job: Job, chat: bool, parent_span):
+        self.gateway, self.pool, self.started = gateway, pool, started
+        self.adapter = job.adapter
+        self._first_token_seen = False
+        self._done = False
+        gateway.accounting.arrived(pool, started)
+        gateway.inflight += 1
+        gateway.metrics.inflight.inc()
+        operation = "chat" if chat else "text_completion"
+        self.span = tracer.start_span(
+            f"{operation} {job.model}", context=trace.set_span_in_context(parent_span), kind=SpanKind.CLIENT,
+            attributes={
+                "gen_ai.operation.name": operation, "gen_ai.system": "k25", "gen_ai.request.model": job.model,
+                "gen_ai.request.max_tokens": job.sampling.max_tokens,
+                "gen_ai.request.temperature": job.sampling.temperature, "gen_ai.request.top_p": job.sampling.top_p, "gen_ai.response.id": job.request_id,
+                "k25.tenant": job.tenant, "k25.prompt_tokens": len(job.prompt_token_ids),
+                **({"k25.adapter": job.adapter.name, "k25.adapter_version": job.adapter.version,
+                    "k25.ab_group": job.adapter.group} if job.adapter else {}),
+            },
+        )
+        job.traceparent, job.tracestate = traceparent_of(self.span)
+
+    def opened(self, opened) -> None:
+        self.pool = opened.pool
+        self.span.set_attributes({"k25.pool": opened.pool, "k25.engine": opened.engine.engine_id,
+                                  "k25.chunk_size": opened.engine.chunk_size})
+
+    def first_token(self) -> None:
+        if not self._first_token_seen:
+            self._first_token_seen = True
+            self.span.add_event("first_token")
+            self.gateway.metrics.ttft.labels(self.pool).observe(time.time() - self.started)
+
+    def finished(self, final: k25_pb2.Final) -> None:
+        self.span.set_attributes({
+            "gen_ai.usage.input_tokens": final.usage.prompt_tokens, "gen_ai.usage.output_tokens": final.usage.completion_tokens,
+            "gen_ai.response.finish_reasons": [FINISH_REASONS.get(final.finish_reason, "stop")],
+            "k25.pad_tokens": final.usage.pad_tokens,
+        })
+
+    def done(self, status: int) -> None:
+        if self._done:
+            return
+        self._done = True
+        now = time.time()
+        g = self.gateway
+        g.inflight -= 1
+        g.metrics.inflight.dec()
+        g.metrics.requests.labels(self.pool, str(status)).inc()
+        g.metrics.latency.labels(self.pool).observe(now - self.started)
+        failed = status >= 500
+        adapter = self.adapter
+        g.accounting.finished(self.pool, now, now - self.started, failed, (adapter.name, adapter.version) if adapter else None)
+        if adapter is not None:
+            g.metrics.lora_requests.labels(adapter.name, adapter.version, adapter.group, str(status)).inc()
+            if not failed:
+                g.metrics.lora_latency.labels(adapter.name, adapter.group).observe(now - self.started)
+        self.span.set_attribute("http.response.status_code", status)
+        if status >= 500:
+            self.span.set_status(Status(StatusCode.ERROR))
+        self.span.end()
