@@ -175,13 +175,11 @@ class LocalStack:
 
 
 def run(args) -> int:
-    if args.engines < 1:
-        raise SystemExit("k25 up: --engines must be at least 1")
-    if args.autoscale and args.max_engines < args.engines:
-        raise SystemExit("k25 up: --max-engines must be at least --engines")
     pools = args.pools or [("default", 256)]
-    if len({name for name, _ in pools}) != len(pools):
-        raise SystemExit("k25 up: each --pool needs its own name")
+    problem = _bad_flags(args, pools)
+    if problem:
+        print(f"k25 up: {problem}", file=sys.stderr)
+        return 2
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="k25-up-")
     os.makedirs(log_dir, exist_ok=True)
     stack = LocalStack(args, log_dir)
@@ -221,6 +219,16 @@ def run(args) -> int:
     finally:
         stack.group.stop_all()
         stack.say("stopped")
+
+
+def _bad_flags(args, pools) -> str | None:
+    if args.engines < 1:
+        return "--engines must be at least 1"
+    if args.autoscale and args.max_engines < args.engines:
+        return "--max-engines must be at least --engines"
+    if len({name for name, _ in pools}) != len(pools):
+        return "each --pool needs its own name"
+    return None
 
 
 def _make_pools(args, pools):
