@@ -1,15 +1,20 @@
 """The engine Deployment of one EnginePool, as a manifest built from the pool's spec."""
 
-from operators.pool_spec import EnginePoolSpec
+import os
+from collections.abc import Mapping
+
+from operators.pool_spec import MODELS_MOUNT, SCRATCH_MOUNT, EnginePoolSpec
 
 POOL_LABEL = "k25.io/pool"
 ZMQ_PORT = 5555
 METRICS_PORT = 9100
 # GPU engines load weights for minutes: give the start that long before liveness counts
 STARTUP_PROBE = {"tcpSocket": {"port": ZMQ_PORT}, "periodSeconds": 10, "failureThreshold": 60}
-# the models PVC of the Helm chart (`{release}-models`), mounted read-only where pools name
-# their model by path; a model given by name (smollm2-135m, tiny-random) is in the image
-MODELS_MOUNT = "/models"
+# the models PVC of the Helm chart (`{release}-models`) is mounted read-only at MODELS_MOUNT
+# where pools name their model by path; a model given by name (smollm2-135m, tiny-random) is
+# in the image. The operator's own OTLP endpoint goes to the engines it starts, so that their
+# spans join the gateway's traces (k25/tracing.py reads these variables).
+TRACING_ENV = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 # the restricted Pod Security Standard: the image's non-root user (docker/*.Dockerfile),
 # no privilege escalation, no capabilities, read-only root with /tmp as the one scratch space
 ENGINE_UID = 10001
@@ -41,20 +46,42 @@ def engine_args(spec: EnginePoolSpec, pool_name: str, redis_url: str, release: s
     if spec.max_chunk_per_gpu is not None:  # else the engine's hardware profile computes it
         args += ["--max-chunk-per-gpu", str(spec.max_chunk_per_gpu)]
     # $(POD_IP) is expanded by the kubelet from the container's env: gateways dial the pod
-    return args + ["--node-type", spec.node_type, "--pool", pool_name, "--zmq-port", str(ZMQ_PORT),
-                   "--metrics-port", str(METRICS_PORT), "--redis-url", redis_url, "--release", release,
-                   "--advertise-host", "$(POD_IP)", "--device", "cuda" if spec.gpus_per_replica else "cpu"]
+    args += ["--node-type", spec.node_type, "--pool", pool_name, "--zmq-port", str(ZMQ_PORT),
+             "--metrics-port", str(METRICS_PORT), "--redis-url", redis_url, "--release", release,
+             "--advertise-host", "$(POD_IP)", "--device", "cuda" if spec.gpus_per_replica else "cpu"]
+    if spec.lora is not None:  # with Redis, the engine then loads the versions the rollout state names
+        args += ["--max-loras", str(spec.lora.max_loras), "--max-cpu-loras", str(spec.lora.max_cpu_loras),
+                 "--max-lora-rank", str(spec.lora.max_lora_rank), "--lora-kernel", spec.lora.kernel,
+                 "--adapter-root", spec.lora.adapter_root]
+    return args
 
 
 def volumes_and_mounts(spec: EnginePoolSpec, release: str) -> tuple[list[dict], list[dict]]:
-    """The pod's volumes and the engine's mounts: /tmp always, the models PVC when the model is a path on it."""
+    """The pod's volumes and the engine's mounts: /tmp always, the models PVC when the model is
+    a path on it, and the adapters' claim (by default the models PVC) at the adapter root."""
     volumes = [{"name": "tmp", "emptyDir": {}}]
-    mounts = [{"name": "tmp", "mountPath": "/tmp"}]
+    mounts = [{"name": "tmp", "mountPath": SCRATCH_MOUNT}]
+    models_claim = models_claim_name(release)
     if spec.model.startswith(MODELS_MOUNT + "/"):
-        volumes.append({"name": "models", "persistentVolumeClaim": {"claimName": models_claim_name(release),
-                                                                   "readOnly": True}})
+        volumes.append(_claim_volume("models", models_claim))
         mounts.append({"name": "models", "mountPath": MODELS_MOUNT, "readOnly": True})
+    if spec.lora is not None:
+        claim = spec.lora.claim_name or models_claim
+        name = "models" if claim == models_claim else "adapters"
+        if not any(v["name"] == name for v in volumes):
+            volumes.append(_claim_volume(name, claim))
+        mounts.append({"name": name, "mountPath": spec.lora.adapter_root, "readOnly": True})
     return volumes, mounts
+
+
+def _claim_volume(name: str, claim: str) -> dict:
+    return {"name": name, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+
+
+def engine_env(release: str, operator_env: Mapping[str, str]) -> list[dict]:
+    env = [{"name": "K25_RELEASE", "value": release},
+           {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+    return env + [{"name": name, "value": operator_env[name]} for name in TRACING_ENV if operator_env.get(name)]
 
 
 def owner_reference(pool: dict) -> dict:
@@ -63,7 +90,9 @@ def owner_reference(pool: dict) -> dict:
             "uid": pool["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
 
 
-def build_deployment(pool: dict, spec: EnginePoolSpec, replicas: int, redis_url: str, release: str) -> dict:
+def build_deployment(pool: dict, spec: EnginePoolSpec, replicas: int, redis_url: str, release: str,
+                     operator_env: Mapping[str, str] = os.environ) -> dict:
+    """`operator_env`: the operator's own environment, whose tracing variables the engines get."""
     name = pool["metadata"]["name"]
     labels = pod_labels(name, release)
     volumes, mounts = volumes_and_mounts(spec, release)
@@ -72,8 +101,7 @@ def build_deployment(pool: dict, spec: EnginePoolSpec, replicas: int, redis_url:
         "name": "engine",
         "image": spec.image,
         "args": engine_args(spec, name, redis_url, release),
-        "env": [{"name": "K25_RELEASE", "value": release},
-                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        "env": engine_env(release, operator_env),
         "ports": [{"name": "zmq", "containerPort": ZMQ_PORT}, {"name": "metrics", "containerPort": METRICS_PORT}],
         "resources": resources,
         "startupProbe": STARTUP_PROBE,

@@ -1,6 +1,7 @@
 """An EnginePool's spec as a typed value, with the defaults and checks of its CRD (the
 API server enforces them too; checking here keeps the operator honest on any server)."""
 
+import re
 from dataclasses import dataclass, field
 
 from operators.autoscale_policy import ScalingRules
@@ -9,10 +10,29 @@ from operators.autoscale_policy import ScalingRules
 # profile computes it at start
 MAX_CHUNK_PER_GPU = {"A100-40G": 2, "A100-80G": 4, "H100-80G": 8, "H200": None, "CPU": None}
 GPU_TAINT_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+LORA_KERNELS = ("torch", "triton")
+# an absolute path of plain segments (no '.', '..', '//' or trailing '/'), as the CRD's pattern
+ADAPTER_ROOT = re.compile(r"(/[A-Za-z0-9_-][A-Za-z0-9._-]*)+")
+# the engine pod's mounts (operators/deployment.py): /tmp, its one writable place under a
+# read-only root, and the models claim; an adapter mount at or under either would clash
+SCRATCH_MOUNT = "/tmp"
+MODELS_MOUNT = "/models"
+CLAIM_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 class PoolSpecError(ValueError):
     """The spec cannot be served; the message says which field and why."""
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """The engines' LoRA settings (`k25 engine --max-loras ...`) and where their adapters come from."""
+    max_loras: int
+    max_cpu_loras: int = 8
+    max_lora_rank: int = 64
+    kernel: str = "torch"
+    adapter_root: str = "/adapters"
+    claim_name: str | None = None  # None: the release's models claim
 
 
 @dataclass(frozen=True)
@@ -31,6 +51,7 @@ class EnginePoolSpec:
     target_qps_per_replica: float = 80.0
     scale_up_window_s: float = 0.0
     scale_down_window_s: float = 300.0
+    lora: LoraSpec | None = None  # None: adapters off
 
     def scaling_rules(self) -> ScalingRules:
         return ScalingRules(min_replicas=self.min_replicas, max_replicas=self.max_replicas,
@@ -69,10 +90,41 @@ def parse_pool_spec(spec: dict) -> EnginePoolSpec:
         target_qps_per_replica=_positive(spec, "targetQPSPerReplica", 80.0),
         scale_up_window_s=_integer(spec, "scaleUpStabilizationSeconds", 0, least=0),
         scale_down_window_s=_integer(spec, "scaleDownStabilizationSeconds", 300, least=0),
+        lora=None if spec.get("lora") is None else _lora(spec["lora"]),
     )
     if parsed.min_replicas > parsed.max_replicas:
         raise PoolSpecError(f"spec.minReplicas ({parsed.min_replicas}) must not exceed "
                             f"spec.maxReplicas ({parsed.max_replicas})")
+    if parsed.lora is not None and parsed.lora.kernel == "triton" and not parsed.gpus_per_replica:
+        raise PoolSpecError("spec.lora.kernel triton needs a GPU: spec.gpusPerReplica of at least 1")
+    return parsed
+
+
+def _lora(lora) -> LoraSpec:
+    if not isinstance(lora, dict):
+        raise PoolSpecError(f"spec.lora must be an object {{maxLoras, ...}}, got {lora!r}")
+    if "maxLoras" not in lora:
+        raise PoolSpecError("spec.lora.maxLoras is required (adapters on the device at once)")
+    parsed = LoraSpec(
+        max_loras=_integer(lora, "maxLoras", None, least=1, path="spec.lora"),
+        max_cpu_loras=_integer(lora, "maxCpuLoras", 8, least=1, path="spec.lora"),
+        max_lora_rank=_integer(lora, "maxLoraRank", 64, least=1, path="spec.lora"),
+        kernel=lora.get("kernel", "torch"),
+        adapter_root=lora.get("adapterRoot", "/adapters"),
+        claim_name=lora.get("claimName"),
+    )
+    if parsed.max_cpu_loras < parsed.max_loras:
+        raise PoolSpecError(f"spec.lora.maxCpuLoras ({parsed.max_cpu_loras}) must be at least "
+                            f"spec.lora.maxLoras ({parsed.max_loras})")
+    if parsed.kernel not in LORA_KERNELS:
+        raise PoolSpecError(f"spec.lora.kernel must be one of {', '.join(LORA_KERNELS)}, got {parsed.kernel!r}")
+    root = parsed.adapter_root
+    if not isinstance(root, str) or not ADAPTER_ROOT.fullmatch(root):
+        raise PoolSpecError(f"spec.lora.adapterRoot must be an absolute path such as /adapters, got {root!r}")
+    if any(root == mount or root.startswith(mount + "/") for mount in (SCRATCH_MOUNT, MODELS_MOUNT)):
+        raise PoolSpecError(f"spec.lora.adapterRoot must not be {SCRATCH_MOUNT}, {MODELS_MOUNT} or under them, got {root!r}")
+    if parsed.claim_name is not None and not (isinstance(parsed.claim_name, str) and CLAIM_NAME.fullmatch(parsed.claim_name)):
+        raise PoolSpecError(f"spec.lora.claimName must be a PersistentVolumeClaim's name, got {parsed.claim_name!r}")
     return parsed
 
 
@@ -88,12 +140,12 @@ def _tolerations(spec: dict) -> tuple[dict, ...]:
     return tuple(tolerations)
 
 
-def _integer(spec: dict, name: str, default: int | None, least: int) -> int:
+def _integer(spec: dict, name: str, default: int | None, least: int, path: str = "spec") -> int:
     value = spec.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise PoolSpecError(f"spec.{name} must be an integer, got {value!r}")
+        raise PoolSpecError(f"{path}.{name} must be an integer, got {value!r}")
     if value < least:
-        raise PoolSpecError(f"spec.{name} must be at least {least}, got {value}")
+        raise PoolSpecError(f"{path}.{name} must be at least {least}, got {value}")
     return value
 
 

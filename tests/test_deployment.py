@@ -1,3 +1,4 @@
+from k25.cli import build_parser
 from operators.deployment import build_deployment, deployment_name, engine_args, models_claim_name, pod_selector
 from operators.pool_spec import parse_pool_spec
 
@@ -5,9 +6,21 @@ POOL = {"apiVersion": "k25.io/v1alpha1", "kind": "EnginePool",
         "metadata": {"name": "long", "namespace": "serving", "uid": "u-1"}}
 
 
-def manifest(**spec):
+def manifest(operator_env=None, **spec):
     parsed = parse_pool_spec({"nodeType": "A100-80G", "model": "/models/m.gguf", "chunkSize": 4096, **spec})
-    return build_deployment(POOL, parsed, 3, "redis://redis:6379/0", "prod")
+    return build_deployment(POOL, parsed, 3, "redis://redis:6379/0", "prod", operator_env or {})
+
+
+def mounts_and_claims(pod: dict) -> dict[str, str]:
+    """mount path -> the claim behind it (every one must be read-only, volume and mount)."""
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    found = {}
+    for mount in pod["containers"][0]["volumeMounts"]:
+        claim = volumes[mount["name"]].get("persistentVolumeClaim")
+        if claim is not None:
+            assert mount["readOnly"] is True and claim["readOnly"] is True, mount
+            found[mount["mountPath"]] = claim["claimName"]
+    return found
 
 
 def test_the_deployment_is_named_and_labelled_for_its_pool():
@@ -81,3 +94,46 @@ def test_the_pool_owns_the_deployment():
     assert manifest()["metadata"]["ownerReferences"] == [
         {"apiVersion": "k25.io/v1alpha1", "kind": "EnginePool", "name": "long", "uid": "u-1",
          "controller": True, "blockOwnerDeletion": True}]
+
+
+def test_without_lora_the_engine_gets_no_adapter_flags_and_no_adapter_mount():
+    pod = manifest()["spec"]["template"]["spec"]
+    assert not [a for a in pod["containers"][0]["args"] if "lora" in a or "adapter" in a]
+    assert mounts_and_claims(pod) == {"/models": "prod-models"}
+
+
+def test_a_lora_pool_runs_the_engine_with_its_adapter_flags_as_the_cli_reads_them():
+    lora = {"maxLoras": 4, "maxCpuLoras": 12, "maxLoraRank": 32, "kernel": "triton", "adapterRoot": "/srv/adapters"}
+    args = manifest(lora=lora)["spec"]["template"]["spec"]["containers"][0]["args"]
+    parsed = build_parser().parse_args(args[1:])
+    assert (parsed.max_loras, parsed.max_cpu_loras, parsed.max_lora_rank, parsed.lora_kernel, parsed.adapter_root) == (
+        4, 12, 32, "triton", "/srv/adapters")
+    assert parsed.redis_url == "redis://redis:6379/0"  # with Redis, the engine follows the rollout state
+    defaults = build_parser().parse_args(manifest(lora={"maxLoras": 2})["spec"]["template"]["spec"]["containers"][0]["args"][1:])
+    assert (defaults.max_loras, defaults.max_cpu_loras, defaults.adapter_root) == (2, 8, "/adapters")
+
+
+def test_adapters_come_from_the_models_claim_by_default_mounted_read_only_at_the_adapter_root():
+    pod = manifest(lora={"maxLoras": 2})["spec"]["template"]["spec"]
+    assert mounts_and_claims(pod) == {"/models": "prod-models", "/adapters": "prod-models"}
+    assert [v["name"] for v in pod["volumes"]] == ["tmp", "models"]  # one volume, mounted twice
+    by_name = manifest(model="tiny-random", lora={"maxLoras": 2})["spec"]["template"]["spec"]
+    assert mounts_and_claims(by_name) == {"/adapters": "prod-models"}
+
+
+def test_adapters_from_their_own_claim():
+    pod = manifest(lora={"maxLoras": 2, "claimName": "lora-store", "adapterRoot": "/lora"})["spec"]["template"]["spec"]
+    assert mounts_and_claims(pod) == {"/models": "prod-models", "/lora": "lora-store"}
+    assert "/tmp" in {m["mountPath"] for m in pod["containers"][0]["volumeMounts"] if not m.get("readOnly")}
+
+
+def test_the_engines_get_the_operators_otlp_endpoint_and_nothing_else_of_its_environment():
+    operator_env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "OTEL_EXPORTER_OTLP_HEADERS": "api-key=secret",
+                    "KUBERNETES_SERVICE_HOST": "10.0.0.1", "HOME": "/home/k25"}
+    env = manifest(operator_env=operator_env)["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert [e["name"] for e in env] == ["K25_RELEASE", "POD_IP", "OTEL_EXPORTER_OTLP_ENDPOINT"]
+    assert env[-1] == {"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": "http://collector:4318"}
+    traces_only = manifest(operator_env={"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"})
+    assert traces_only["spec"]["template"]["spec"]["containers"][0]["env"][-1]["value"] == "http://c:4318/v1/traces"
+    untraced = manifest(operator_env={"OTEL_EXPORTER_OTLP_ENDPOINT": ""})["spec"]["template"]["spec"]["containers"][0]
+    assert [e["name"] for e in untraced["env"]] == ["K25_RELEASE", "POD_IP"]

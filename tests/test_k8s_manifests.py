@@ -1,17 +1,16 @@
 """The CRD, examples and RBAC as files: the schema and its CEL rules reject bad specs,
 the examples are valid pools, and the RBAC grants what the operator calls.
 
-No API server runs here, so the schema check is a small evaluator for the subset of
-OpenAPI the CRD uses, and the CEL rules (three one-line boolean expressions) are
-translated to Python; both are written for these files, not as general tools."""
+No API server runs here: tests/crd_schema.py checks a pool as one would (the schema by
+`jsonschema`, the CEL rules by cel-python, on the spec with the schema's defaults)."""
 
 import pathlib
-import re
-import types
 
 import pytest
 import yaml
+from crd_schema import custom_resource_errors, with_defaults
 
+from k25.cli import build_parser
 from operators.pool_spec import MAX_CHUNK_PER_GPU, parse_pool_spec
 
 K8S = pathlib.Path(__file__).resolve().parent.parent / "k8s"
@@ -22,56 +21,10 @@ EXAMPLES = sorted((K8S / "examples").glob("enginepool-*.yaml"))
 VALID = {"nodeType": "H100-80G", "model": "m", "chunkSize": 512}
 
 
-def with_defaults(schema: dict, value):
-    if schema.get("type") == "object" and isinstance(value, dict):
-        value = dict(value)
-        for name, sub in schema.get("properties", {}).items():
-            if name not in value and "default" in sub:
-                value[name] = sub["default"]
-            if name in value:
-                value[name] = with_defaults(sub, value[name])
-    return value
-
-
-def schema_errors(schema: dict, value, path="spec") -> list[str]:
-    kind = schema.get("type")
-    checks = {"object": dict, "array": list, "string": str, "integer": int, "number": (int, float)}
-    if kind in checks and (not isinstance(value, checks[kind]) or isinstance(value, bool)):
-        return [f"{path}: not {kind}"]
-    errors = []
-    if "minimum" in schema and value < schema["minimum"] or (
-            schema.get("exclusiveMinimum") and value <= schema["minimum"]):
-        errors.append(f"{path}: below minimum")
-    if "enum" in schema and value not in schema["enum"]:
-        errors.append(f"{path}: not one of {schema['enum']}")
-    if kind == "string" and len(value) < schema.get("minLength", 0):
-        errors.append(f"{path}: too short")
-    if kind == "object":
-        errors += [f"{path}.{name}: required" for name in schema.get("required", []) if name not in value]
-        for name, sub in value.items():
-            sub_schema = schema.get("properties", {}).get(name, schema.get("additionalProperties"))
-            if isinstance(sub_schema, dict):
-                errors += schema_errors(sub_schema, sub, f"{path}.{name}")
-            elif "properties" in schema:
-                errors.append(f"{path}.{name}: unknown field")
-    if kind == "array":
-        for i, item in enumerate(value):
-            errors += schema_errors(schema["items"], item, f"{path}[{i}]")
-    return errors
-
-
-def cel_holds(rule: str, spec: dict) -> bool:
-    python = re.sub(r"has\(self\.(\w+)\)", r"('\1' in fields)", rule).replace("||", " or ").replace("&&", " and ")
-    return eval(python, {}, {"self": types.SimpleNamespace(**spec), "fields": spec})  # noqa: S307
-
-
 def api_server_accepts(spec: dict) -> list[str]:
     """What the API server would answer: [] or the reasons for refusing."""
-    errors = schema_errors(SPEC_SCHEMA, spec)
-    if errors:
-        return errors
-    spec = with_defaults(SPEC_SCHEMA, spec)
-    return [v["message"] for v in SPEC_SCHEMA["x-kubernetes-validations"] if not cel_holds(v["rule"], spec)]
+    pool = {"apiVersion": "k25.io/v1alpha1", "kind": "EnginePool", "metadata": {"name": "p"}, "spec": spec}
+    return custom_resource_errors(pool, CRD)
 
 
 def test_crd_serves_k25_io_v1alpha1_with_status_and_scale():
@@ -98,22 +51,46 @@ def test_a_minimal_spec_is_accepted_with_the_documented_defaults():
 
 
 @pytest.mark.parametrize("bad, reason", [
-    ({"minReplicas": -1}, "below minimum"),
-    ({"maxReplicas": 0}, "below minimum"),
-    ({"replicas": -2}, "below minimum"),
-    ({"targetQPSPerReplica": 0}, "below minimum"),
-    ({"chunkSize": 0}, "below minimum"),
+    ({"minReplicas": -1}, "less than the minimum of 0"),
+    ({"maxReplicas": 0}, "less than the minimum of 1"),
+    ({"replicas": -2}, "less than the minimum of 0"),
+    ({"targetQPSPerReplica": 0}, "less than or equal to the minimum of 0"),
+    ({"chunkSize": 0}, "less than the minimum of 1"),
     ({"minReplicas": 5, "maxReplicas": 2}, "minReplicas must not exceed maxReplicas"),
     ({"nodeType": "MI300X"}, "maxChunkPerGpu is required"),
     ({"nodeType": "H100-80G", "gpusPerReplica": 0}, "gpusPerReplica of at least 1"),
     ({"tolerations": [{"key": "nvidia.com/gpu", "operator": "Maybe"}]}, "not one of"),
-    ({"model": ""}, "too short"),
+    ({"model": ""}, "should be non-empty"),
+    ({"lora": {}}, "'maxLoras' is a required property"),
+    ({"lora": {"maxLoras": 0}}, "less than the minimum of 1"),
+    ({"lora": {"maxLoras": 16}}, "lora.maxCpuLoras must be at least lora.maxLoras"),  # the default 8
+    ({"lora": {"maxLoras": 2, "maxLoraRank": 0}}, "less than the minimum of 1"),
+    ({"lora": {"maxLoras": 2, "kernel": "cuda"}}, "is not one of ['torch', 'triton']"),
+    ({"lora": {"maxLoras": 2, "adapterRoot": "adapters"}}, "does not match"),
+    ({"lora": {"maxLoras": 2, "adapterRoot": "/adapters/../etc"}}, "does not match"),
+    ({"lora": {"maxLoras": 2, "adapterRoot": "/tmp/adapters"}}, "must not be /tmp, /models or under them"),
+    ({"lora": {"maxLoras": 2, "adapterRoot": "/models"}}, "must not be /tmp, /models or under them"),
+    ({"lora": {"maxLoras": 2, "claimName": "Adapters_PVC"}}, "does not match"),
+    ({"nodeType": "CPU", "gpusPerReplica": 0, "lora": {"maxLoras": 2, "kernel": "triton"}},
+     "lora.kernel triton needs a GPU"),
 ])
 def test_bad_specs_are_refused(bad, reason):
     errors = api_server_accepts({**VALID, **bad})
     assert any(reason in error for error in errors), errors
     with pytest.raises(ValueError):  # and the operator refuses them too, on any server
         parse_pool_spec({**VALID, **bad})
+
+
+def test_lora_is_off_unless_given_and_fills_in_the_engines_defaults():
+    assert "lora" not in with_defaults(SPEC_SCHEMA, VALID) and parse_pool_spec(VALID).lora is None
+    spec = {**VALID, "lora": {"maxLoras": 4, "adapterRoot": "/models-adapters"}}
+    assert api_server_accepts(spec) == []
+    assert with_defaults(SPEC_SCHEMA, spec)["lora"] == {"maxLoras": 4, "maxCpuLoras": 8, "maxLoraRank": 64,
+                                                         "kernel": "torch", "adapterRoot": "/models-adapters"}
+    engine = build_parser().parse_args(["engine"])  # `k25 engine`'s own defaults
+    lora = parse_pool_spec(spec).lora
+    assert (lora.max_cpu_loras, lora.max_lora_rank, lora.kernel) == (
+        engine.max_cpu_loras, engine.max_lora_rank, engine.lora_kernel)
 
 
 def test_an_unknown_node_type_is_fine_with_an_explicit_max_chunk_per_gpu():
@@ -145,7 +122,9 @@ def test_rbac_grants_what_the_operator_calls_and_nothing_broad():
     granted = {(group, resource, verb) for rule in rules for group in rule["apiGroups"]
                for resource in rule["resources"] for verb in rule["verbs"]}
     used = {("k25.io", "enginepools", "watch"), ("k25.io", "enginepools", "patch"),
-            ("k25.io", "enginepools/status", "patch"), ("apps", "deployments", "create"),
+            ("k25.io", "enginepools/status", "patch"), ("k25.io", "adapterrollouts", "watch"),
+            ("k25.io", "adapterrollouts", "patch"), ("k25.io", "adapterrollouts/status", "patch"),
+            ("apps", "deployments", "create"),
             ("apps", "deployments", "get"), ("apps", "deployments", "patch"), ("apps", "deployments", "delete"),
             ("apps", "deployments/scale", "patch"), ("", "pods", "list"), ("kopf.dev", "clusterkopfpeerings", "patch")}
     assert used <= granted

@@ -100,6 +100,21 @@ async def test_a_pool_gets_an_engine_deployment_for_its_gpu_nodes(cluster, opera
                               "--release", "test", "--advertise-host", "$(POD_IP)", "--device", "cuda"]
 
 
+async def test_a_lora_pool_gets_adapter_flags_the_adapter_mount_and_the_operators_otlp_endpoint(
+        cluster, operator, monkeypatch):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://k25-otel-collector:4318")
+    await create_pool(cluster, "legal", {**H100, "lora": {"maxLoras": 4, "claimName": "adapters"}})
+    deployment = await wait_for(lambda: stored(cluster, DEPLOYMENTS, "legal-engine"), "the Deployment appears")
+
+    engine = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert engine["args"][-10:] == ["--max-loras", "4", "--max-cpu-loras", "8", "--max-lora-rank", "64",
+                                    "--lora-kernel", "torch", "--adapter-root", "/adapters"]
+    assert {"name": "adapters", "mountPath": "/adapters", "readOnly": True} in engine["volumeMounts"]
+    assert {"name": "adapters", "persistentVolumeClaim": {"claimName": "adapters", "readOnly": True}} in \
+        deployment["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": "http://k25-otel-collector:4318"} in engine["env"]
+
+
 async def test_qps_above_80_per_replica_scales_out_and_a_fall_scales_in_after_the_window(
         cluster, operator, redis_server):
     await create_pool(cluster, "h100", {**H100, "scaleDownStabilizationSeconds": 2})

@@ -1,6 +1,6 @@
 import pytest
 
-from operators.pool_spec import GPU_TAINT_TOLERATION, PoolSpecError, parse_pool_spec
+from operators.pool_spec import GPU_TAINT_TOLERATION, LoraSpec, PoolSpecError, parse_pool_spec
 
 MINIMAL = {"nodeType": "A100-40G", "model": "m", "chunkSize": 1024}
 
@@ -54,3 +54,38 @@ def test_initial_replicas_are_spec_replicas_within_bounds(replicas, initial):
 def test_bad_specs_say_which_field(bad, message):
     with pytest.raises(PoolSpecError, match=message):
         parse_pool_spec({**MINIMAL, **bad})
+
+
+def test_lora_is_off_by_default_and_takes_the_engines_defaults_when_on():
+    assert parse_pool_spec(MINIMAL).lora is None
+    assert parse_pool_spec({**MINIMAL, "lora": {"maxLoras": 4}}).lora == LoraSpec(
+        max_loras=4, max_cpu_loras=8, max_lora_rank=64, kernel="torch", adapter_root="/adapters", claim_name=None)
+    lora = parse_pool_spec({**MINIMAL, "lora": {"maxLoras": 2, "maxCpuLoras": 2, "maxLoraRank": 16, "kernel": "triton",
+                                                "adapterRoot": "/srv/adapters", "claimName": "adapters.v1"}}).lora
+    assert lora == LoraSpec(2, 2, 16, "triton", "/srv/adapters", "adapters.v1")
+
+
+@pytest.mark.parametrize("lora, message", [
+    ("on", "spec.lora must be an object"),
+    ({}, "spec.lora.maxLoras is required"),
+    ({"maxLoras": 0}, "spec.lora.maxLoras must be at least 1, got 0"),
+    ({"maxLoras": "4"}, "spec.lora.maxLoras must be an integer"),
+    ({"maxLoras": 4, "maxCpuLoras": 2}, r"spec.lora.maxCpuLoras \(2\) must be at least spec.lora.maxLoras \(4\)"),
+    ({"maxLoras": 2, "maxLoraRank": 0}, "spec.lora.maxLoraRank must be at least 1"),
+    ({"maxLoras": 2, "kernel": "cuda"}, "spec.lora.kernel must be one of torch, triton, got 'cuda'"),
+    ({"maxLoras": 2, "adapterRoot": "adapters"}, "spec.lora.adapterRoot must be an absolute path"),
+    ({"maxLoras": 2, "adapterRoot": "/adapters/"}, "spec.lora.adapterRoot must be an absolute path"),
+    ({"maxLoras": 2, "adapterRoot": "/a/../etc"}, "spec.lora.adapterRoot must be an absolute path"),
+    ({"maxLoras": 2, "adapterRoot": "/tmp"}, "must not be /tmp, /models or under them"),
+    ({"maxLoras": 2, "adapterRoot": "/models/adapters"}, "must not be /tmp, /models or under them"),
+    ({"maxLoras": 2, "claimName": "Adapters_PVC"}, "spec.lora.claimName must be a PersistentVolumeClaim's name"),
+])
+def test_bad_lora_settings_say_which_field(lora, message):
+    with pytest.raises(PoolSpecError, match=message):
+        parse_pool_spec({**MINIMAL, "lora": lora})
+
+
+def test_the_triton_lora_kernel_needs_a_gpu():
+    with pytest.raises(PoolSpecError, match="spec.lora.kernel triton needs a GPU"):
+        parse_pool_spec({**MINIMAL, "nodeType": "CPU", "lora": {"maxLoras": 1, "kernel": "triton"}})
+    assert parse_pool_spec({**MINIMAL, "nodeType": "CPU", "lora": {"maxLoras": 1}}).lora.kernel == "torch"
