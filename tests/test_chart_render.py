@@ -20,6 +20,7 @@ EXAMPLES = sorted((K8S / "examples").glob("*.yaml"))
 K8S_CRD_NAMES = {d["metadata"]["name"] for p in (K8S / "crds").glob("*.yaml") for d in yaml.safe_load_all(p.read_text())}
 # kinds no schema here describes: checked by hand in tests/test_chart_wiring.py
 CHECKED_ELSEWHERE = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+LORA_VALUES = CHART / "ci" / "lora-values.yaml"
 value_sets = pytest.mark.parametrize("values", VALUE_SETS, ids=value_set_id)
 
 
@@ -41,19 +42,27 @@ def has_kubernetes_schema(obj: dict) -> bool:
     return True
 
 
+def operator_env(objects) -> dict[str, str]:
+    """The environment the chart gives the operator's pod (its plain values)."""
+    [operator] = [o for o in of_kind(objects, "Deployment") if o["metadata"]["name"].endswith("-operator")]
+    return {e["name"]: e["value"] for e in operator["spec"]["template"]["spec"]["containers"][0].get("env", [])
+            if "value" in e}
+
+
 def engine_deployments(objects) -> list[dict]:
-    """What the operator would create for each rendered EnginePool."""
+    """What the operator, run with the chart's environment, would create for each rendered EnginePool."""
     deployments = []
     for pool in of_kind(objects, "EnginePool"):
         pool = {**pool, "metadata": {**pool["metadata"], "namespace": "serving", "uid": "uid-" + pool["metadata"]["name"]}}
         spec = parse_pool_spec(pool["spec"])
-        deployments.append(build_deployment(pool, spec, spec.initial_replicas(), "redis://k25-redis:6379/0", RELEASE))
+        deployments.append(build_deployment(pool, spec, spec.initial_replicas(), "redis://k25-redis:6379/0", RELEASE,
+                                            operator_env(objects)))
     return deployments
 
 
 def test_there_are_at_least_five_ci_value_sets():
     names = {value_set_id(v) for v in CI_VALUES}
-    assert {"external-redis", "cpu-dev", "ingress", "observability", "many-pools"} <= names
+    assert {"external-redis", "cpu-dev", "ingress", "observability", "many-pools", "lora"} <= names
 
 
 @value_sets
@@ -126,3 +135,8 @@ def test_the_validators_can_fail():
     assert any("maxChunkPerGpu is required" in e for e in custom_resource_errors(unprofiled, crd_for(pool, crds)))
     no_qps = {**pool, "spec": {**pool["spec"], "targetQPSPerReplica": 0}}
     assert custom_resource_errors(no_qps, crd_for(pool, crds))
+    greedy = {**pool, "spec": {**pool["spec"], "lora": {"maxLoras": 16}}}  # CEL, a level down: maxCpuLoras 8
+    assert any("lora.maxCpuLoras must be at least lora.maxLoras" in e for e in custom_resource_errors(greedy, crd_for(pool, crds)))
+    rollout = of_kind(rendered(LORA_VALUES), "AdapterRollout")[0]
+    unfinished = {**rollout, "spec": {**rollout["spec"], "steps": [5, 20, 50]}}
+    assert any("steps must end at 100" in e for e in custom_resource_errors(unfinished, crd_for(rollout, crds)))

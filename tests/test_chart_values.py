@@ -8,11 +8,13 @@ import re
 import pytest
 import yaml
 
+from crd_schema import as_json_schema
 from helm_chart import CHART, RELEASE, helm, render_error
 
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 CRD = yaml.safe_load((CHART.parent.parent / "k8s" / "crds" / "enginepool.yaml").read_text())
 CRD_SPEC = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+CRD_LORA = CRD_SPEC["properties"]["lora"]["properties"]
 
 
 def pools(*entries: str) -> str:
@@ -20,6 +22,14 @@ def pools(*entries: str) -> str:
 
 
 H100 = "{name: h100, nodeType: H100-80G, chunkSize: 8192"
+SHA = "0123456789abcdef" * 4
+
+
+def rollouts(*entries: str, lora: int = 2) -> str:
+    """A LoRA pool h100 and these adapterRollouts (flow-style YAML, `{...}` filled in)."""
+    versions = f"stable: {{version: v1, source: a/v1, sha256: {SHA}}}, canary: {{version: v2, source: a/v2, sha256: {SHA}}}"
+    return (pools(H100 + f", lora: {{maxLoras: {lora}}}}}") + "adapterRollouts:\n"
+            + "".join(f"  - {entry.replace('...', versions)}\n" for entry in entries))
 
 
 @pytest.mark.parametrize("values, message", [
@@ -47,6 +57,37 @@ H100 = "{name: h100, nodeType: H100-80G, chunkSize: 8192"
      "model /models/SmolLM2-135M-Instruct.Q4_1.gguf is a path on the models volume, but models.persistence.enabled is false"),
     ("gateway:\n  autoscaling:\n    enabled: true\n    minReplicas: 6\n    maxReplicas: 3\n",
      "gateway.autoscaling: minReplicas (6) must not exceed maxReplicas (3)"),
+    ("gateway:\n  servedModelName: my model\n", "/gateway/servedModelName': 'my model' does not match"),
+    # LoRA settings: the schema, then what it cannot say
+    ("engine:\n  lora:\n    maxLoras: -1\n", "/engine/lora/maxLoras': minimum: got -1, want 0"),
+    (pools(H100 + ", lora: {maxLoras: 2, kernel: cuda}}"), "/engine/pools/0/lora/kernel': value must be one of 'torch', 'triton'"),
+    (pools(H100 + ", lora: {maxLoras: 2, adapterRoot: adapters}}"), "/engine/pools/0/lora/adapterRoot': 'adapters' does not match"),
+    (pools(H100 + ", lora: {maxLoras: 2, lora: 3}}"), "additional properties 'lora' not allowed"),
+    ("engine:\n  lora:\n    maxLoras: 16\n", "engine.pools[0] (a100-40g): lora.maxCpuLoras (8) must be at least lora.maxLoras (16)"),
+    (pools(H100 + ", lora: {maxLoras: 2, adapterRoot: /models/lora}}"),
+     "engine.pools[0] (h100): lora.adapterRoot /models/lora must not be /tmp, /models or under them"),
+    ("model: tiny-random\nmodels:\n  persistence:\n    enabled: false\nengine:\n  lora:\n    maxLoras: 2\n",
+     "engine.pools[0] (a100-40g): LoRA adapters come from the models claim unless lora.claimName names another"),
+    (pools("{name: cpu, nodeType: CPU, chunkSize: 256, gpusPerReplica: 0, lora: {maxLoras: 1, kernel: triton}}"),
+     "engine.pools[0] (cpu): lora.kernel triton needs a GPU"),
+    # adapterRollouts: the schema, then the pools they name and the rules of the CRD
+    (rollouts("{name: legal, pool: h100, stable: {version: v1, source: a/v1, sha256: abc}, canary: {version: v2, source: a/v2, sha256: abc}}"),
+     "/adapterRollouts/0/stable/sha256': 'abc' does not match"),
+    (rollouts("{name: legal, pool: h100, ..., interval: 600}"), "/adapterRollouts/0/interval': maximum: got 600, want 300"),
+    (rollouts("{name: legal, pool: h100, ..., steps: [20, 50]}"), "adapterRollouts[0] (legal): steps must end at 100"),
+    (rollouts("{name: legal, pool: h100, ..., steps: [50, 20, 100]}"), "adapterRollouts[0] (legal): steps must be increasing"),
+    (rollouts("{name: legal, pool: h100, stable: {version: v1, source: a/v1, sha256: " + SHA + "}, "
+              "canary: {version: v1, source: a/v1b, sha256: " + SHA + "}}"),
+     "adapterRollouts[0] (legal): canary.version must differ from stable.version (v1)"),
+    (rollouts("{name: legal, pool: a100, ...}"), 'adapterRollouts[0] (legal): pool "a100" is not in engine.pools (h100)'),
+    (rollouts("{name: legal, pool: h100, ...}", lora=0), 'adapterRollouts[0] (legal): pool "h100" serves no adapters'),
+    (rollouts("{name: legal, pool: h100, ...}", "{name: legal, adapter: other, pool: h100, ...}"),
+     'adapterRollouts[1] (legal): the name "legal" is used twice'),
+    (rollouts("{name: legal, pool: h100, ...}", "{name: legal-2, adapter: legal, pool: h100, ...}"),
+     'adapterRollouts[1] (legal-2): the adapter "legal" has two rollouts'),
+    (rollouts("{name: base, pool: h100, ...}"), 'adapterRollouts[0] (base): the adapter "base" has the base model\'s name'),
+    ("gateway:\n  servedModelName: legal\n" + rollouts("{name: legal, pool: h100, ...}"),
+     'adapterRollouts[0] (legal): the adapter "legal" has the base model\'s name'),
 ])
 def test_wrong_values_are_refused_with_a_readable_message(values, message, tmp_path):
     assert message in render_error(values, tmp_path)
@@ -59,23 +100,61 @@ def test_an_unprofiled_node_type_with_max_chunk_per_gpu_is_fine(tmp_path):
     assert result.returncode == 0, result.stderr
 
 
+def resolved(schema: dict) -> dict:
+    return SCHEMA["definitions"][schema["$ref"].rsplit("/", 1)[1]] if "$ref" in schema else schema
+
+
+def bound_differences(ours: dict, crd: dict, path: str) -> list[str]:
+    """Where a values-schema field takes other values than the CRD's (type, bounds, enum,
+    pattern, object fields, list items), down to every nested field."""
+    ours, crd = resolved(ours), as_json_schema(crd)
+    differences = []
+    for key in ("type", "minimum", "maximum", "exclusiveMinimum", "enum", "pattern", "minItems", "maxItems"):
+        if key in crd and ours.get(key, crd["type"] if key == "type" and "enum" in ours else None) != crd[key]:
+            differences.append(f"{path}: {key} {ours.get(key)!r} != {crd[key]!r}")
+    if "properties" in crd:
+        if set(ours.get("properties", {})) != set(crd["properties"]):
+            differences.append(f"{path}: fields {sorted(ours.get('properties', {}))} != {sorted(crd['properties'])}")
+        for name in set(ours.get("properties", {})) & set(crd["properties"]):
+            differences += bound_differences(ours["properties"][name], crd["properties"][name], f"{path}.{name}")
+    if "items" in crd:
+        differences += bound_differences(ours["items"], crd["items"], f"{path}[]")
+    return differences
+
+
+def crd_spec(name: str) -> dict:
+    crd = yaml.safe_load((CHART.parent.parent / "k8s" / "crds" / name).read_text())
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+
 def test_a_pool_takes_exactly_the_crds_spec_fields_with_the_same_bounds():
-    pool = SCHEMA["definitions"]["pool"]["properties"]
-    assert set(pool) - {"name"} == set(CRD_SPEC["properties"])
-    for field, crd_field in CRD_SPEC["properties"].items():
-        ours = pool[field]
-        if "$ref" in ours:
-            ours = SCHEMA["definitions"][ours["$ref"].rsplit("/", 1)[1]]
-        assert ours.get("type") == crd_field.get("type"), field
-        if crd_field.get("exclusiveMinimum"):
-            assert ours["exclusiveMinimum"] == crd_field["minimum"], field
-        elif "minimum" in crd_field:
-            assert ours["minimum"] == crd_field["minimum"], field
-        if crd_field.get("type") == "array":
-            assert ours["items"]["properties"].keys() == crd_field["items"]["properties"].keys(), field
-            for name, sub in crd_field["items"]["properties"].items():
-                assert ours["items"]["properties"][name].get("enum") == sub.get("enum"), (field, name)
-    assert set(SCHEMA["definitions"]["pool"]["required"]) - {"name"} <= set(CRD_SPEC["required"])
+    pool = SCHEMA["definitions"]["pool"]
+    ours = {**pool, "properties": {k: v for k, v in pool["properties"].items() if k != "name"}}
+    # in values, an empty claimName means the models claim and maxLoras 0 adapters off: the
+    # chart then writes no claimName, or no spec.lora at all
+    differences = bound_differences(ours, CRD_SPEC, "pool")
+    assert [d for d in differences if not d.startswith("pool.lora.claimName: pattern")] == [
+        "pool.lora.maxLoras: minimum 0 != 1"]
+    claim_pattern = SCHEMA["definitions"]["lora"]["properties"]["claimName"]["pattern"]
+    assert claim_pattern == "^(" + CRD_LORA["claimName"]["pattern"][1:-1] + ")?$"  # the CRD's, or empty
+    assert set(pool["required"]) - {"name"} <= set(CRD_SPEC["required"])
+
+
+def test_a_rollout_takes_exactly_the_crds_spec_fields_with_the_same_bounds():
+    rollout = SCHEMA["definitions"]["adapterRollout"]
+    spec = crd_spec("adapterrollout.yaml")
+    ours = {**rollout, "properties": {k: v for k, v in rollout["properties"].items() if k != "name"}}
+    assert bound_differences(ours, spec, "rollout") == []
+    # adapter defaults to the rollout's name
+    assert set(rollout["required"]) - {"name"} == set(spec["required"]) - {"adapter"}
+
+
+def test_the_bound_comparison_can_fail():
+    assert bound_differences({"type": "integer", "minimum": 2}, {"type": "integer", "minimum": 1}, "x") == [
+        "x: minimum 2 != 1"]
+    assert bound_differences({"type": "object", "properties": {"a": {"enum": ["p"]}}},
+                             {"type": "object", "properties": {"a": {"type": "string", "enum": ["p", "q"]}}}, "x") == [
+        "x.a: enum ['p'] != ['p', 'q']"]
 
 
 def test_the_schema_repeats_the_crds_node_type_rules():

@@ -62,7 +62,8 @@ def test_the_components_run_the_agreed_command_lines():
     objects = rendered(None)
     assert container(objects, "Deployment", "k25-gateway")["args"] == [
         "k25", "gateway", "--host", "0.0.0.0", "--port", "8000", "--redis-url", "redis://k25-redis:6379/0",
-        "--release", "k25", "--model", "/models/SmolLM2-135M-Instruct.Q4_1.gguf", "--chunker-address", "k25-chunker:5600"]
+        "--release", "k25", "--model", "/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "--served-model-name", "SmolLM2-135M-Instruct.Q4_1", "--chunker-address", "k25-chunker:5600"]
     assert container(objects, "Deployment", "k25-chunker")["args"] == [
         "k25", "chunker", "--zmq-port", "5600", "--metrics-port", "9600", "--model", "/models/SmolLM2-135M-Instruct.Q4_1.gguf"]
     assert container(objects, "Deployment", "k25-operator")["args"] == [
@@ -82,6 +83,8 @@ def test_the_k25_cli_accepts_each_command_line(component):
     assert parsed.command == component
     if component == "engine":
         assert (parsed.release, parsed.advertise_host, parsed.device) == (RELEASE, "10.1.2.3", "cuda")
+    elif component == "gateway":
+        assert parsed.served_model_name == "SmolLM2-135M-Instruct.Q4_1" and parsed.redis_url == "redis://k25-redis:6379/0"
     elif component == "chunker":
         assert (parsed.zmq_port, parsed.metrics_port) == (5600, 9600)
     else:
@@ -167,7 +170,10 @@ def test_the_models_claim_is_the_one_the_operator_mounts_in_engines(values):
     claims = {o["metadata"]["name"] for o in of_kind(objects, "PersistentVolumeClaim")}
     engine_claims = {v["persistentVolumeClaim"]["claimName"] for d in engine_deployments(objects)
                      for v in d["spec"]["template"]["spec"]["volumes"] if "persistentVolumeClaim" in v}
-    assert engine_claims <= claims
+    # besides the chart's claim, only an adapters claim that the values name (engine.lora.claimName)
+    named_claims = {p["spec"]["lora"]["claimName"] for p in of_kind(objects, "EnginePool")
+                    if "claimName" in p["spec"].get("lora", {})}
+    assert engine_claims <= claims | named_claims
     if claims:
         assert claims == {models_claim_name(RELEASE)}
         for name in ("k25-gateway", "k25-chunker"):
@@ -225,16 +231,39 @@ def test_the_ingress_sends_its_host_to_the_gateway_service_over_tls():
 
 # --- tracing and monitoring ------------------------------------------------------------------------
 
-def test_every_component_exports_traces_to_the_collector():
+def traced_containers(objects) -> dict[str, dict]:
+    """Every K25 process's container, the engines the operator builds included."""
+    chart = {o["metadata"]["name"]: o["spec"]["template"]["spec"]["containers"][0] for o in of_kind(objects, "Deployment")
+             if o["spec"]["template"]["spec"]["containers"][0]["args"][:1] == ["k25"]}
+    return chart | {d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0] for d in engine_deployments(objects)}
+
+
+def test_every_component_the_engines_included_exports_traces_to_the_collectors_otlp_http_port():
     objects = rendered(ci("observability"))
     collector = named(objects, "Service", "k25-otel-collector")
-    assert {"name": "otlp-grpc", "port": 4317, "targetPort": "otlp-grpc"} in collector["spec"]["ports"]
-    for name in ("k25-gateway", "k25-chunker", "k25-operator"):
-        assert env_of(container(objects, "Deployment", name))["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://k25-otel-collector:4317"
+    # k25/tracing.py exports OTLP over HTTP, which the collector takes on its otlp-http port
+    assert {"name": "otlp-http", "port": 4318, "targetPort": "otlp-http"} in collector["spec"]["ports"]
     config = yaml.safe_load(named(objects, "ConfigMap", "k25-otel-collector")["data"]["config.yaml"])
+    assert config["receivers"]["otlp"]["protocols"]["http"]["endpoint"] == "0.0.0.0:4318"
+    containers = traced_containers(objects)
+    assert {"k25-gateway", "k25-chunker", "k25-operator", "h100-80g-engine"} <= set(containers)
+    for name, c in containers.items():
+        assert env_of(c).get("OTEL_EXPORTER_OTLP_ENDPOINT") == "http://k25-otel-collector:4318", name
+        assert "OTEL_SERVICE_NAME" not in env_of(c), name  # each process names itself (k25-gateway, k25-engine, ...)
     assert config["exporters"]["otlp"]["endpoint"] == "tempo.observability.svc.cluster.local:4317"
     assert config["service"]["pipelines"]["traces"]["exporters"] == ["otlp"]
-    assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in env_of(container(rendered(None), "Deployment", "k25-gateway"))
+
+
+def test_without_tracing_no_component_gets_an_endpoint_and_with_one_every_component_does(tmp_path):
+    assert not [n for n, c in traced_containers(rendered(None)).items() if "OTEL_EXPORTER_OTLP_ENDPOINT" in env_of(c)]
+    values = tmp_path / "values.yaml"
+    values.write_text("tracing:\n  otlpEndpoint: https://otlp.example.com:4318\n")
+    result = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--values", str(values))
+    assert result.returncode == 0, result.stderr
+    objects = tuple(d for d in yaml.safe_load_all(result.stdout) if d)
+    assert not [c for c in of_kind(objects, "ConfigMap") if "otel" in c["metadata"]["name"]]  # no collector
+    endpoints = {n: env_of(c).get("OTEL_EXPORTER_OTLP_ENDPOINT") for n, c in traced_containers(objects).items()}
+    assert set(endpoints.values()) == {"https://otlp.example.com:4318"} and len(endpoints) == 6
 
 
 def test_the_service_monitor_scrapes_gateway_chunker_and_engines_with_their_pool():
@@ -286,9 +315,12 @@ def test_the_grafana_dashboard_shows_the_serving_figures_from_exported_metrics()
 
 @pytest.mark.parametrize("values, expected", [
     (None, ["kubectl -n serving port-forward service/k25-gateway 8000:8000", "kubectl -n serving get enginepools -w",
-            "a100-40g, a100-80g, h100-80g", "claim k25-models"]),
+            "a100-40g, a100-80g, h100-80g", "claim k25-models", '"model": "SmolLM2-135M-Instruct.Q4_1"']),
     ("ingress", ["https://llm.example.com/v1/models", "Authorization: Bearer"]),
-    ("observability", ["Traces go to http://k25-otel-collector:4317"]),
+    ("observability", ["Traces of every component, the engines included, go to http://k25-otel-collector:4318"]),
+    ("lora", ['"model": "smollm2"', "contract-review on pool h100-80g: v1 stable, v2 canary",
+              "summaries on pool l40s: 2024.1 stable, 2025.1 canary", "get adapterrollouts -w",
+              "Pool l40s loads LoRA adapters from the claim lora-adapters (mounted at /srv/lora)"]),
 ])
 def test_the_notes_say_how_to_reach_the_gateway_and_watch_the_pools(values, expected):
     args = [] if values is None else ["--values", str(ci(values))]

@@ -42,7 +42,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- if .Values.tracing.otlpEndpoint -}}
 {{- .Values.tracing.otlpEndpoint -}}
 {{- else if .Values.tracing.collector.enabled -}}
-{{- printf "http://%s-otel-collector:4317" (include "k25.fullname" .) -}}
+{{- printf "http://%s-otel-collector:4318" (include "k25.fullname" .) -}}
 {{- end -}}
 {{- end -}}
 
@@ -51,16 +51,32 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s-models" .Release.Name -}}
 {{- end -}}
 
-{{/* env every K25 process gets: (dict "root" $ "component" "gateway") */}}
+{{/* The `model` clients send for the base model: gateway.servedModelName, or the file or
+folder name of `model` without .gguf. */}}
+{{- define "k25.servedModelName" -}}
+{{- .Values.gateway.servedModelName | default (.Values.model | base | trimSuffix ".gguf") -}}
+{{- end -}}
+
+{{/* env every K25 process gets (each names itself in its spans: k25-gateway, k25-engine,
+...); the operator hands the endpoint on to the engines (operators/deployment.py). */}}
 {{- define "k25.env" -}}
 - name: K25_RELEASE
-  value: {{ .root.Release.Name | quote }}
-{{- with include "k25.otlpEndpoint" .root }}
+  value: {{ .Release.Name | quote }}
+{{- with include "k25.otlpEndpoint" . }}
 - name: OTEL_EXPORTER_OTLP_ENDPOINT
   value: {{ . | quote }}
-- name: OTEL_SERVICE_NAME
-  value: k25-{{ $.component }}
 {{- end }}
+{{- end -}}
+
+{{/* A pool's LoRA settings as YAML: each key of its own `lora`, else of engine.lora (not
+sprig's merge, which takes a pool's maxLoras 0 or claimName "" for unset); (dict "root" $ "pool" $pool) */}}
+{{- define "k25.poolLora" -}}
+{{- $own := .pool.lora | default dict -}}
+{{- $lora := dict -}}
+{{- range $key, $default := .root.Values.engine.lora -}}
+{{- $_ := set $lora $key (ternary (get $own $key) $default (hasKey $own $key)) -}}
+{{- end -}}
+{{- toYaml $lora -}}
 {{- end -}}
 
 {{/* The restricted-policy pod fields and the pull secrets, shared by every pod. */}}
@@ -98,6 +114,7 @@ imagePullSecrets:
 {{/* Checks the schema cannot express; each fails the install with a message. */}}
 {{- define "k25.validate" -}}
 {{- $names := dict -}}
+{{- $loraPools := dict -}}
 {{- range $i, $pool := .Values.engine.pools -}}
 {{- if hasKey $names $pool.name -}}
 {{- fail (printf "engine.pools[%d]: the pool name %q is used twice; pool names must be unique" $i $pool.name) -}}
@@ -112,11 +129,78 @@ imagePullSecrets:
 {{- if and (hasPrefix "/models/" $model) (not $.Values.models.persistence.enabled) -}}
 {{- fail (printf "engine.pools[%d] (%s): model %s is a path on the models volume, but models.persistence.enabled is false; turn it on or name a model the image carries (smollm2-135m, tiny-random)" $i $pool.name $model) -}}
 {{- end -}}
+{{- $lora := fromYaml (include "k25.poolLora" (dict "root" $ "pool" $pool)) -}}
+{{- if gt (int $lora.maxLoras) 0 -}}
+{{- $_ := set $loraPools $pool.name true -}}
+{{- include "k25.validateLora" (dict "root" $ "where" (printf "engine.pools[%d] (%s)" $i $pool.name) "pool" $pool "lora" $lora) -}}
 {{- end -}}
+{{- end -}}
+{{- include "k25.validateRollouts" (dict "root" . "poolNames" $names "loraPools" $loraPools) -}}
 {{- if and (hasPrefix "/models/" .Values.model) (not .Values.models.persistence.enabled) -}}
 {{- fail (printf "model %s is a path on the models volume, but models.persistence.enabled is false; turn it on or name a model the image carries (smollm2-135m, tiny-random)" .Values.model) -}}
 {{- end -}}
 {{- if gt (int .Values.gateway.autoscaling.minReplicas) (int .Values.gateway.autoscaling.maxReplicas) -}}
 {{- fail (printf "gateway.autoscaling: minReplicas (%v) must not exceed maxReplicas (%v)" .Values.gateway.autoscaling.minReplicas .Values.gateway.autoscaling.maxReplicas) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* One pool's LoRA settings, merged: (dict "root" $ "where" "engine.pools[0] (h100)" "pool" $pool "lora" $lora) */}}
+{{- define "k25.validateLora" -}}
+{{- $lora := .lora -}}
+{{- if lt (int $lora.maxCpuLoras) (int $lora.maxLoras) -}}
+{{- fail (printf "%s: lora.maxCpuLoras (%v) must be at least lora.maxLoras (%v)" .where $lora.maxCpuLoras $lora.maxLoras) -}}
+{{- end -}}
+{{- range $reserved := list "/tmp" "/models" -}}
+{{- if or (eq $lora.adapterRoot $reserved) (hasPrefix (printf "%s/" $reserved) $lora.adapterRoot) -}}
+{{- fail (printf "%s: lora.adapterRoot %s must not be /tmp, /models or under them (the engine's scratch space and the models mount)" $.where $lora.adapterRoot) -}}
+{{- end -}}
+{{- end -}}
+{{- if and (not $lora.claimName) (not .root.Values.models.persistence.enabled) -}}
+{{- fail (printf "%s: LoRA adapters come from the models claim unless lora.claimName names another, but models.persistence.enabled is false; set engine.lora.claimName (or the pool's lora.claimName) to the claim that holds the adapters" .where) -}}
+{{- end -}}
+{{- $gpus := ternary .pool.gpusPerReplica 1 (hasKey .pool "gpusPerReplica") -}}
+{{- if and (eq $lora.kernel "triton") (eq (int $gpus) 0) -}}
+{{- fail (printf "%s: lora.kernel triton needs a GPU (gpusPerReplica is 0); use kernel torch" .where) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The rollouts against the pools: (dict "root" $ "poolNames" {name: true} "loraPools" {name: true}) */}}
+{{- define "k25.validateRollouts" -}}
+{{- $names := dict -}}
+{{- $adapters := dict -}}
+{{- $base := include "k25.servedModelName" .root -}}
+{{- range $i, $rollout := .root.Values.adapterRollouts -}}
+{{- $where := printf "adapterRollouts[%d] (%s)" $i $rollout.name -}}
+{{- $adapter := $rollout.adapter | default $rollout.name -}}
+{{- if hasKey $names $rollout.name -}}
+{{- fail (printf "%s: the name %q is used twice; AdapterRollout names must be unique" $where $rollout.name) -}}
+{{- end -}}
+{{- $_ := set $names $rollout.name true -}}
+{{- if hasKey $adapters $adapter -}}
+{{- fail (printf "%s: the adapter %q has two rollouts; one adapter, one rollout" $where $adapter) -}}
+{{- end -}}
+{{- $_ := set $adapters $adapter true -}}
+{{- if or (eq $adapter $base) (eq $adapter "base") -}}
+{{- fail (printf "%s: the adapter %q has the base model's name (base, or %s: gateway.servedModelName); clients could not ask for it" $where $adapter $base) -}}
+{{- end -}}
+{{- if not (hasKey $.poolNames $rollout.pool) -}}
+{{- fail (printf "%s: pool %q is not in engine.pools (%s)" $where $rollout.pool (keys $.poolNames | sortAlpha | join ", ")) -}}
+{{- end -}}
+{{- if not (hasKey $.loraPools $rollout.pool) -}}
+{{- fail (printf "%s: pool %q serves no adapters; set engine.lora.maxLoras (or that pool's lora.maxLoras) above 0" $where $rollout.pool) -}}
+{{- end -}}
+{{- if eq $rollout.canary.version $rollout.stable.version -}}
+{{- fail (printf "%s: canary.version must differ from stable.version (%s)" $where $rollout.stable.version) -}}
+{{- end -}}
+{{- with $rollout.steps -}}
+{{- if ne (int (last .)) 100 -}}
+{{- fail (printf "%s: steps must end at 100, got %v" $where .) -}}
+{{- end -}}
+{{- range $j, $step := . -}}
+{{- if and $j (le (int $step) (int (index $rollout.steps (sub $j 1)))) -}}
+{{- fail (printf "%s: steps must be increasing, got %v" $where $rollout.steps) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
