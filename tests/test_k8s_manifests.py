@@ -116,6 +116,15 @@ def test_the_examples_cover_the_three_node_types():
     assert types_ == {"A100-40G": 2, "A100-80G": 4, "H100-80G": 8}
 
 
+def test_the_rollout_examples_pools_are_example_pools_that_load_adapters():
+    pools = {yaml.safe_load(p.read_text())["metadata"]["name"]: parse_pool_spec(yaml.safe_load(p.read_text())["spec"])
+             for p in EXAMPLES}
+    rollouts = [yaml.safe_load(p.read_text()) for p in sorted((K8S / "examples").glob("adapterrollout-*.yaml"))]
+    assert rollouts
+    for rollout in rollouts:
+        assert pools[rollout["spec"]["pool"]].lora is not None, rollout["metadata"]["name"]
+
+
 def test_rbac_grants_what_the_operator_calls_and_nothing_broad():
     documents = list(yaml.safe_load_all((K8S / "rbac" / "operator.yaml").read_text()))
     rules = next(d for d in documents if d["kind"] == "ClusterRole")["rules"]
