@@ -6,9 +6,12 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+import numpy as np  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from k25.bench_serve import RequestResult  # noqa: E402
+
+PLAIN = FuncFormatter(lambda value, _: f"{value:g}")  # 20 rather than 2x10^1 on log axes
 
 
 def plot_run(results: list[RequestResult], title: str, path: str) -> None:
@@ -29,13 +32,16 @@ def plot_run(results: list[RequestResult], title: str, path: str) -> None:
 
     ttft = [r.ttft_s * 1000 for r in ok]
     itl = [(b - a) * 1000 for r in ok for a, b in zip(r.token_times_s, r.token_times_s[1:])]
-    if ttft:
-        histogram.hist(ttft, bins=40, alpha=0.6, label="TTFT", color="tab:orange")
-    if itl:
-        histogram.hist(itl, bins=40, alpha=0.6, label="inter-token", color="tab:green")
-    histogram.set(xlabel="ms", ylabel="count", title="TTFT and inter-token latency")
-    if ttft or itl:
+    positive = [v for v in ttft + itl if v > 0]
+    if positive:  # log-spaced bins: token gaps of a few ms and queued TTFTs of seconds on one axis
+        bins = np.geomspace(min(positive), max(positive) * 1.001, 50)
+        for values, label, color in ((ttft, "TTFT", "tab:orange"), (itl, "inter-token", "tab:green")):
+            if values:
+                histogram.hist(values, bins=bins, alpha=0.6, label=label, color=color)
+        histogram.set_xscale("log")
+        histogram.xaxis.set_major_formatter(PLAIN)
         histogram.legend()
+    histogram.set(xlabel="ms", ylabel="count", title="TTFT and inter-token latency")
     _save(fig, title, path)
 
 
@@ -48,9 +54,8 @@ def plot_sweep(levels: list[dict], ttft_limit_ms: float, path: str) -> None:
         latency.plot([x for x, _ in points], [y for _, y in points], marker=marker, label=f"TTFT {q}")
     latency.axhline(ttft_limit_ms, color="tab:red", linestyle="--", label=f"{ttft_limit_ms:g} ms")
     latency.set(xlabel="offered QPS", ylabel="ms", title="time to first token", yscale="log")
-    plain = FuncFormatter(lambda value, _: f"{value:g}")
-    latency.yaxis.set_major_formatter(plain)
-    latency.yaxis.set_minor_formatter(plain)
+    latency.yaxis.set_major_formatter(PLAIN)
+    latency.yaxis.set_minor_formatter(PLAIN)
     latency.legend()
     throughput.plot(offered, [level["requests_per_s"] for level in levels], marker="o", label="completed req/s")
     throughput.plot(offered, offered, linestyle=":", color="gray", label="offered")
