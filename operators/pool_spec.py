@@ -122,9 +122,11 @@ def _lora(lora) -> LoraSpec:
     if not isinstance(root, str) or not ADAPTER_ROOT.fullmatch(root):
         raise PoolSpecError(f"spec.lora.adapterRoot must be an absolute path such as /adapters, got {root!r}")
     if any(root == mount or root.startswith(mount + "/") for mount in (SCRATCH_MOUNT, MODELS_MOUNT)):
-        raise PoolSpecError(f"spec.lora.adapterRoot must not be {SCRATCH_MOUNT}, {MODELS_MOUNT} or under them, got {root!r}")
-    if parsed.claim_name is not None and not (isinstance(parsed.claim_name, str) and CLAIM_NAME.fullmatch(parsed.claim_name)):
-        raise PoolSpecError(f"spec.lora.claimName must be a PersistentVolumeClaim's name, got {parsed.claim_name!r}")
+        raise PoolSpecError(f"spec.lora.adapterRoot must not be {SCRATCH_MOUNT}, {MODELS_MOUNT} or under them, "
+                            f"got {root!r}")
+    claim = parsed.claim_name
+    if claim is not None and not (isinstance(claim, str) and CLAIM_NAME.fullmatch(claim)):
+        raise PoolSpecError(f"spec.lora.claimName must be a PersistentVolumeClaim's name, got {claim!r}")
     return parsed
 
 
