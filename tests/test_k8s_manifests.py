@@ -50,6 +50,14 @@ def test_a_minimal_spec_is_accepted_with_the_documented_defaults():
     assert (spec["scaleUpStabilizationSeconds"], spec["scaleDownStabilizationSeconds"]) == (0, 300)
 
 
+def test_gpus_per_replica_defaults_by_node_type_after_the_api_server_stored_it():
+    """No schema default: a CPU pool applied without gpusPerReplica must not ask for a GPU."""
+    cpu = {"nodeType": "CPU", "model": "tiny-random", "chunkSize": 256}
+    for spec, gpus in ((cpu, 0), (VALID, 1)):
+        assert api_server_accepts(spec) == []
+        assert parse_pool_spec(with_defaults(SPEC_SCHEMA, spec)).gpus_per_replica == gpus
+
+
 @pytest.mark.parametrize("bad, reason", [
     ({"minReplicas": -1}, "less than the minimum of 0"),
     ({"maxReplicas": 0}, "less than the minimum of 1"),
