@@ -9,6 +9,8 @@ current analysis window opened, a check looks at the canary's traffic over that 
   the canary removed from the Redis state so that engines unload it;
 - within the limits but some engine of the pool has not reported the canary loaded: hold
   (the window starts over, so the next check sees traffic with every engine ready);
+- loaded on no engine of the pool at all (it cannot load: a bad checksum, missing files):
+  a failed check, checked first, since such a canary gets no traffic to judge;
 - within the limits: the next step, or at the last step (100%) promotion: the canary
   becomes the stable version and the old one is unloaded.
 
@@ -77,7 +79,7 @@ def readiness(engines: dict[str, dict], pool: str, adapter: str, version: str) -
 
 
 def decide_step(spec: RolloutSpec, status: RolloutStatus | None, canary: VersionStats,
-                canary_loaded: bool, now: float) -> StepResult:
+                canary_loaded: bool, now: float, loaded_nowhere: bool = False) -> StepResult:
     if status is None or not _belongs(spec, status):
         weight = spec.steps[0]
         return _progressing(spec, RolloutStatus(
@@ -93,22 +95,16 @@ def decide_step(spec: RolloutSpec, status: RolloutStatus | None, canary: Version
 
     analysis = Analysis(canary.requests, canary.error_rate, canary.p95_latency_s, at=now)
     held = dataclasses.replace(status, last_analysis=analysis)
+    if loaded_nowhere:  # it cannot load (a bad checksum, missing files): it gets no traffic to judge
+        return _failed_check(spec, held, f"{versioned_name(spec.adapter, spec.canary.version)} is loaded on no "
+                                          f"engine of pool {spec.pool}", reason=ENGINES_NOT_READY)
     if canary.requests < spec.min_requests_per_step:
         return _progressing(spec, dataclasses.replace(
             held, reason=LOW_TRAFFIC, message=f"holding at {status.weight}%: {canary.requests} canary requests in "
                                               f"the last {spec.interval_s} s, {spec.min_requests_per_step} needed"))
     breaches = _breaches(spec, canary)
     if breaches:
-        failures = status.failures + 1
-        if failures >= spec.failure_threshold:
-            return StepResult(
-                dataclasses.replace(held, phase=ROLLED_BACK, weight=0, failures=failures, reason=ROLLED_BACK,
-                                    message=f"rolled back to {spec.stable.version} after {failures} failed "
-                                            f"checks; last: {breaches}"),
-                _finished(spec.stable, phase=ROLLED_BACK))
-        return _progressing(spec, dataclasses.replace(
-            held, failures=failures, window_start=now, reason=CHECK_FAILED,
-            message=f"holding at {status.weight}%: check failed ({failures} of {spec.failure_threshold}): {breaches}"))
+        return _failed_check(spec, held, breaches, reason=CHECK_FAILED)
     if not canary_loaded:
         return _progressing(spec, dataclasses.replace(
             held, window_start=now, reason=ENGINES_NOT_READY,
@@ -123,6 +119,19 @@ def decide_step(spec: RolloutSpec, status: RolloutStatus | None, canary: Version
     return _progressing(spec, dataclasses.replace(
         held, step=step, weight=spec.steps[step], window_start=now, reason=ADVANCED,
         message=f"{spec.steps[step]}% of users on {spec.canary.version}"))
+
+
+def _failed_check(spec: RolloutSpec, held: RolloutStatus, why: str, reason: str) -> StepResult:
+    """One more failed check: roll back at the threshold, else hold with a new window."""
+    failures = held.failures + 1
+    if failures >= spec.failure_threshold:
+        return StepResult(
+            dataclasses.replace(held, phase=ROLLED_BACK, weight=0, failures=failures, reason=ROLLED_BACK,
+                                message=f"rolled back to {spec.stable.version} after {failures} failed checks; last: {why}"),
+            _finished(spec.stable, phase=ROLLED_BACK))
+    return _progressing(spec, dataclasses.replace(
+        held, failures=failures, window_start=held.last_analysis.at, reason=reason,
+        message=f"holding at {held.weight}%: check failed ({failures} of {spec.failure_threshold}): {why}"))
 
 
 def _belongs(spec: RolloutSpec, status: RolloutStatus) -> bool:

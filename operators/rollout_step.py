@@ -24,7 +24,8 @@ def run_step(client, release: str, rollout: RolloutSpec, status: RolloutStatus |
     canary = rollout.canary.version
     stats = version_stats(client, release, rollout.adapter, canary, now, rollout.interval_s)
     ready = readiness(live_engines(client, release), rollout.pool, rollout.adapter, canary)
-    result = decide_step(rollout, status, stats, ready.ready, now)
+    result = decide_step(rollout, status, stats, ready.ready, now,
+                         loaded_nowhere=ready.engines > 0 and len(ready.missing) == ready.engines)
     generation = None
     if _stored_state(client, release, rollout.adapter) != result.state:
         generation = write_rollout(client, release, rollout.adapter, result.state)

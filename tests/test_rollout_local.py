@@ -33,16 +33,18 @@ def world(tmp_path_factory, tiny_model, module_redis_url):  # noqa: F811
     stack.stop(signal.SIGINT)
 
 
-def manifest(base, stable: str, canary: str) -> str:
+def manifest(base, stable: str, canary: str, canary_sha256: str | None = None) -> str:
     def version(v):
         return {"version": v, "source": f"legal-{v}", "sha256": checksum(base / "root" / f"legal-{v}")}
 
-    path = base / f"rollout-{canary}.yaml"
+    path = base / f"rollout-{canary}-{canary_sha256 is None}.yaml"
     path.write_text(yaml.safe_dump({
         "apiVersion": "k25.io/v1alpha1", "kind": "AdapterRollout", "metadata": {"name": "legal"},
-        "spec": {"adapter": "legal", "pool": "default", "stable": version(stable), "canary": version(canary),
+        "spec": {"adapter": "legal", "pool": "default", "stable": version(stable),
+                 "canary": {**version(canary), **({"sha256": canary_sha256} if canary_sha256 else {})},
                  "steps": [5, 20, 50, 100], "interval": 3, "maxErrorRate": 0.05, "maxP95LatencyMs": 10000,
-                 "minRequestsPerStep": 3, "failureThreshold": 2},
+                 "minRequestsPerStep": 3, "failureThreshold": 2,
+                 "allowList": [f"user-{i}" for i in range(10)]},  # canary traffic at every step, however slow
     }))
     return str(path)
 
@@ -108,3 +110,15 @@ def test_a_healthy_canary_is_promoted_then_a_failing_one_rolled_back(world):
         wait_until(lambda: len(traffic.results) > after + 20, timeout_s=30, what="more traffic")
     assert failed_during_rollout > 0  # the canary's users did see its failures
     assert set(traffic.results[after:]) == {200}  # and then everyone is back on stable
+
+
+def test_a_canary_that_cannot_load_is_rolled_back(world):
+    """A wrong checksum: no engine loads it, its users stay on stable, and it is rolled back."""
+    base, stack, redis_url = world
+    with Traffic(stack.url) as traffic:
+        walk = start_rollout(redis_url, manifest(base, "v2", "v1", canary_sha256="0" * 64))
+        output = walk.communicate(timeout=300)[0]
+    print(output)
+    assert walk.returncode == 3, output
+    assert "legal@v1 is loaded on no engine of pool default" in output
+    assert set(traffic.results) == {200}  # nobody was sent to it

@@ -53,6 +53,9 @@ CASES = {
                              ("Progressing", 3, 100, 0, "Advanced", NOW)),
     "roll back at the threshold": ((at(2, failures=2), ERRORS, True), ("RolledBack", 2, 0, 3, "RolledBack", NOW - 60)),
     "promote at 100%": ((at(3), HEALTHY, True), ("Promoted", 3, 100, 0, "Promoted", NOW - 60)),
+    "loaded nowhere: a failed check": ((at(1), QUIET, "nowhere"), ("Progressing", 1, 20, 1, "EnginesNotReady", NOW)),
+    "loaded nowhere: roll back at the threshold": ((at(1, failures=2), QUIET, "nowhere"),
+                                                    ("RolledBack", 1, 0, 3, "RolledBack", NOW - 60)),
     "no promotion while engines not ready": ((at(3), HEALTHY, False),
                                              ("Progressing", 3, 100, 0, "EnginesNotReady", NOW)),
     "rolled back stays": ((at(2, failures=3, phase="RolledBack", weight=0), HEALTHY, True),
@@ -67,7 +70,8 @@ CASES = {
 @pytest.mark.parametrize("name", CASES)
 def test_step_table(name):
     (before, canary, loaded), expected = CASES[name]
-    after = decide_step(SPEC, before, canary, loaded, NOW).status
+    nowhere = loaded == "nowhere"  # not loaded on any engine of the pool
+    after = decide_step(SPEC, before, canary, loaded is True, NOW, loaded_nowhere=nowhere).status
     assert (after.phase, after.step, after.weight, after.failures, after.reason, after.window_start) == expected
     assert (after.stable, after.canary) == ("v1", "v2")
 
