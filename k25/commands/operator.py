@@ -1,11 +1,11 @@
-"""`k25 operator`: run the EnginePool operator against the current kube context (or the
+"""`k25 operator`: run the operator (EnginePools and AdapterRollouts) against the current kube context (or the
 service account when it runs in a pod)."""
 
 import os
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("operator", help="run the EnginePool operator (kopf)", description=__doc__)
+    parser = subparsers.add_parser("operator", help="run the operator for EnginePools and AdapterRollouts (kopf)", description=__doc__)
     parser.add_argument("--namespace", "-n", action="append", default=[],
                        help="watch this namespace (repeatable); default: the whole cluster")
     parser.add_argument("--release", default=os.environ.get("K25_RELEASE", "k25"),
