@@ -33,6 +33,23 @@ def test_equal_free_kv_prefers_the_less_busy_engine():
     assert [e.engine_id for e in plan.routes[0].engines] == ["b", "a"]
 
 
+def test_within_a_5_percent_step_of_free_kv_load_decides():
+    plan = plan_route([engine("a", free=0.90, running=6), engine("b", free=0.88, running=1)], 10, 10)
+    assert [e.engine_id for e in plan.routes[0].engines] == ["b", "a"]
+
+
+def test_this_gateway_s_open_requests_count_as_load():
+    """Fresher than a heartbeat: requests just sent are not in the last one yet."""
+    plan = plan_route([engine("a"), engine("b")], 10, 10, open_requests={"a": 3})
+    assert [e.engine_id for e in plan.routes[0].engines] == ["b", "a"]
+
+
+def test_idle_engines_take_turns():
+    engines = [engine("a"), engine("b"), engine("c")]
+    firsts = [plan_route(engines, 10, 10, turn=t).routes[0].engines[0].engine_id for t in range(6)]
+    assert firsts == ["a", "b", "c", "a", "b", "c"]
+
+
 def test_long_prompt_goes_to_the_pool_whose_context_holds_it():
     plan = plan_route(SHORT + LONG, prompt_tokens=5000, max_tokens=100)
     assert [r.pool for r in plan.routes] == ["long"]
@@ -58,7 +75,7 @@ def test_engines_reported_full_come_last_not_never(full):
 
 
 def test_engines_reported_full_are_tried_after_every_other_pool():
-    plan = plan_route([engine("s", free=0.0), engine("s2", free=0.01)] + LONG, 100, 10)
+    plan = plan_route([engine("s", free=0.0), engine("s2", free=0.06)] + LONG, 100, 10)
     assert [r.pool for r in plan.routes] == ["short", "long"] and plan.pool == "short" and plan.refusal is None
     assert [e.engine_id for _, e in attempts(plan)] == ["l1", "s2", "s"]
     assert [r.chunk_size for r, _ in attempts(plan)] == [2048, 256, 256]

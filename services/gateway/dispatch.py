@@ -8,6 +8,7 @@ awaited before anything is returned, so a refusal never reaches the client as a 
 200.
 """
 
+import itertools
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -18,6 +19,9 @@ from services.gateway.canary import AdapterChoice
 from services.gateway.engine_client import ENGINE_GONE, EngineConnections, EngineStream, EngineUnavailable
 from services.gateway.errors import RETRY_AFTER_S, RETRYABLE_ENGINE_ERRORS, OpenAIError, from_engine_error, invalid_request, overloaded
 from services.gateway.routing import EngineView, Refusal, RoutePlan, attempts, plan_route
+
+
+_turns = itertools.count()  # one per request: rotates the order of equally loaded engines
 
 
 class EngineLost(Exception):
@@ -96,7 +100,9 @@ async def open_stream(
     if job.adapter is not None and not engines:
         raise OpenAIError(503, f"no engine holds adapter {job.adapter.key} yet; try again shortly", "server_error",
                           "adapter_loading", headers={"Retry-After": str(RETRY_AFTER_S)})
-    plan = plan_route(engines, len(job.prompt_token_ids), job.sampling.max_tokens)
+    open_requests = {e.engine_id: connections.open_requests(e.address) for e in engines}
+    plan = plan_route(engines, len(job.prompt_token_ids), job.sampling.max_tokens,
+                      open_requests=open_requests, turn=next(_turns))
     if plan.refusal is not None:
         raise refusal_error(plan, len(job.prompt_token_ids), job.sampling.max_tokens)
     requests: dict[int, k25_pb2.GenerateRequest] = {}  # chunk_size -> the padded request

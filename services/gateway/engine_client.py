@@ -139,6 +139,10 @@ class EngineConnections:
         self.sndhwm, self.rcvhwm, self.linger_ms = sndhwm, rcvhwm, linger_ms
         self.by_address: dict[str, EngineConnection] = {}
 
+    def open_requests(self, address: str) -> int:
+        connection = self.by_address.get(address)
+        return len(connection.streams) if connection is not None else 0
+
     def get(self, address: str) -> EngineConnection:
         connection = self.by_address.get(address)
         if connection is None:

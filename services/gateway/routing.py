@@ -4,10 +4,13 @@ A pool is the set of live engines that registered the same pool name. A request 
 pool when its prompt plus `max_tokens` is within the pool's context (`max_model_len`).
 Among the pools it fits, the preferred one is the smallest `chunk_size` that holds the
 whole prompt in one chunk (least padding); a prompt longer than every chunk goes to the
-largest `chunk_size` (fewest chunks). Within a pool, engines are ordered by free KV, most
-first; those whose last heartbeat reported them past the KV admission limit or with a full
-queue come last rather than not at all, since a heartbeat is up to a second old and the
-engine's own admission check is the one that counts (a refusal costs one round trip).
+largest `chunk_size` (fewest chunks). Within a pool, engines are ordered by free KV (in
+steps of 5%, most first), then by load (running and waiting as last reported, plus this
+gateway's own requests open on it, which are fresher), then by a turn that rotates with
+every request, so that idle engines share the work instead of the first one taking it all.
+Those whose last heartbeat reported them past the KV admission limit or with a full queue
+come last rather than not at all, since a heartbeat is up to a second old and the engine's
+own admission check is the one that counts (a refusal costs one round trip).
 """
 
 from dataclasses import dataclass
@@ -15,6 +18,8 @@ from enum import Enum
 
 # the engine refuses new requests above this KV use (engine/config.py kv_admission_limit)
 KV_ADMISSION_LIMIT = 0.92
+# free KV is compared in steps of 1/KV_STEPS: within a step, load decides
+KV_STEPS = 20
 
 
 @dataclass(frozen=True)
@@ -76,7 +81,10 @@ class RoutePlan:
     max_context: int = 0  # the largest context among live engines, for the error message
 
 
-def plan_route(engines: list[EngineView], prompt_tokens: int, max_tokens: int, max_waiting: int = 1024) -> RoutePlan:
+def plan_route(engines: list[EngineView], prompt_tokens: int, max_tokens: int, max_waiting: int = 1024,
+               open_requests: dict[str, int] | None = None, turn: int = 0) -> RoutePlan:
+    """`open_requests`: this gateway's requests open per engine id; `turn`: a number that
+    changes from one request to the next (it rotates the order of otherwise equal engines)."""
     if not engines:
         return RoutePlan(refusal=Refusal.NO_ENGINES)
     needed = prompt_tokens + max_tokens
@@ -91,7 +99,11 @@ def plan_route(engines: list[EngineView], prompt_tokens: int, max_tokens: int, m
         fitting = [e for e in members if e.max_model_len >= needed and e.chunk_size == chunk_size]
         if not fitting:
             continue
-        fitting.sort(key=lambda e: (_reported_full(e, max_waiting), -e.free_kv_fraction, e.running + e.waiting, e.engine_id))
+        ids = sorted(e.engine_id for e in fitting)
+        fitting.sort(key=lambda e: (
+            _reported_full(e, max_waiting), -round(e.free_kv_fraction * KV_STEPS),
+            e.running + e.waiting + (open_requests or {}).get(e.engine_id, 0), (ids.index(e.engine_id) - turn) % len(ids),
+        ))
         routes.append(PoolRoute(pool, chunk_size, tuple(fitting)))
     if not routes:
         return RoutePlan(refusal=Refusal.NEVER_FITS, max_context=max_context)
