@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from collections import Counter
@@ -331,6 +332,9 @@ def run_command(args) -> int:
     """`k25 bench serve`: check the flags, ask the gateway which model it serves, run the
     chosen mode, print its figures (a table, or one JSON object) and draw the plot."""
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per request over the progress bar
+    # Ctrl-C stops the run even when it was started from a shell or harness that ignores
+    # SIGINT for background jobs (an ignored signal is inherited, and asyncio then leaves it)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         sweep = _check_args(args)
         report = asyncio.run(_run_mode(args, sweep))
