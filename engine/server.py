@@ -75,7 +75,6 @@ class EngineServer:
         self.settings = settings
         self.metrics = metrics or EngineMetrics()
         self.traces = RequestTraces()  # the command names its engine and pool once it knows them
-        self.draining = False
         self._context = zmq.Context()
         self.socket, self.port = bind_router(self._context, settings.bind_host, settings.port, settings.sndhwm,
                                              settings.rcvhwm, settings.linger_ms, {zmq.ROUTER_MANDATORY: 1})
@@ -91,16 +90,6 @@ class EngineServer:
     def serve(self, stop: threading.Event) -> None:
         log.info("engine server listening on tcp://%s:%d", self.settings.bind_host, self.port)
         while not stop.is_set():
-            self.run_once()
-
-    def drain(self, timeout_s: float) -> None:
-        """Finish the running requests, for up to `timeout_s`, while refusing new ones with
-        CANCELLED (a gateway takes those elsewhere); `close` then cancels what is left."""
-        self.draining = True
-        deadline = time.monotonic() + timeout_s
-        if self._routes:
-            log.info("draining %d running requests for up to %.0f s", len(self._routes), timeout_s)
-        while self._routes and time.monotonic() < deadline:
             self.run_once()
 
     def call_between_steps(self, fn: Callable[[], object]) -> Future:
@@ -190,8 +179,6 @@ class EngineServer:
             self._refuse(identity, request_id, EngineError(ErrorCode.INTERNAL, f"engine server error: {exc}"))
 
     def _admit(self, identity: bytes, request: k25_pb2.GenerateRequest) -> None:
-        if self.draining:
-            raise EngineError(ErrorCode.CANCELLED, "the engine is shutting down")
         if f"{request.adapter.name}@{request.adapter.version}" in self.settings.faulty_adapters:
             raise EngineError(ErrorCode.INTERNAL, "fault injected for this adapter version (--inject-fault)")
         self.engine.add_request(request_from_proto(request))

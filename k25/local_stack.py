@@ -63,11 +63,11 @@ class ProcessGroup:
     def first_exited(self) -> Child | None:
         return next((c for c in self.children if c.process.poll() is not None), None)
 
-    def stop(self, child: Child, grace_s: float = 25.0) -> None:
+    def stop(self, child: Child, grace_s: float = 10.0) -> None:
         self.children.remove(child)
         _terminate([child], grace_s)
 
-    def stop_all(self, grace_s: float = 25.0) -> None:
+    def stop_all(self, grace_s: float = 10.0) -> None:
         """SIGTERM to every child (the newest first, so the gateway goes before its engines),
         then SIGKILL to whatever is still running after `grace_s`."""
         children, self.children = list(reversed(self.children)), []

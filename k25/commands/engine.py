@@ -43,8 +43,6 @@ def register(subparsers) -> None:
     p.add_argument("--sndhwm", type=int, default=5000, help="ZMQ send high-water mark per peer (default 5000)")
     p.add_argument("--rcvhwm", type=int, default=5000, help="ZMQ receive high-water mark per peer (default 5000)")
     p.add_argument("--linger-ms", type=int, default=1000, help="how long unsent messages may delay shutdown (default 1000)")
-    p.add_argument("--drain-timeout-s", type=float, default=20.0,
-                   help="on SIGTERM, how long running requests may take to finish before they are cancelled (default 20)")
     p.add_argument("--heartbeat-interval-s", type=float, default=1.0, help="registry refresh period (default 1)")
     p.add_argument("--heartbeat-ttl-s", type=float, default=5.0, help="registry entry lifetime without a refresh (default 5)")
     p.set_defaults(handler=run)
@@ -136,8 +134,7 @@ def run(args: argparse.Namespace) -> int:
         if watcher is not None:
             watcher.stop()
         if heartbeat is not None:
-            heartbeat.stop()  # gateways stop routing here at their next registry read
-        server.drain(args.drain_timeout_s)
+            heartbeat.stop()
         server.close()
         metrics.close()
         if tracing is not None:
