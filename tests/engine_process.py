@@ -4,6 +4,7 @@ Import the helpers: `from engine_process import EngineProcess, start_engine, ...
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -51,14 +52,20 @@ class EngineProcess:
             return f.read()
 
     def stop(self, timeout_s: float = 30) -> int:
-        if self.process.poll() is None:
-            self.process.terminate()
-        try:
-            return self.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-            raise
+        return stop_process(self.process, signal.SIGTERM, timeout_s)
+
+
+def stop_process(process: subprocess.Popen, sig: int, timeout_s: float) -> int:
+    """Send `sig` and wait for the exit code; a process still running after `timeout_s` is
+    killed and the wait's TimeoutExpired raised, so a test never leaves it behind."""
+    if process.poll() is None:
+        process.send_signal(sig)
+    try:
+        return process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise
 
 
 def start_engine(redis_url: str, log_path: str, *flags: str, engine_id: str = "e1", timeout_s: float = 120) -> EngineProcess:

@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
-from engine_process import RELEASE
+from engine_process import RELEASE, stop_process
 from redis_server import free_port
 
 K25 = [sys.executable, "-m", "k25.cli"]
@@ -34,14 +34,7 @@ class ServiceProcess:
             return f.read()
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-        try:
-            return self.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-            raise
+        return stop_process(self.process, sig, timeout_s)
 
 
 def http_json(url: str, body: dict | None = None, headers: dict | None = None, timeout_s: float = 60):
