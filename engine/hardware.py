@@ -1,6 +1,6 @@
 """Node-type profiles and the check that weights plus the KV cache fit the memory budget."""
 
-from engine.errors import EngineConfigError
+from engine.base.errors import EngineConfigError
 
 GIB = 1 << 30
 

@@ -11,7 +11,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from k25.redis_keys import register_engine, unregister_engine
+from common.redis_keys import register_engine, unregister_engine
 
 log = logging.getLogger(__name__)
 

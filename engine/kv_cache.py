@@ -2,7 +2,7 @@
 
 import torch
 
-from engine.model_config import ModelConfig
+from engine.base.model_config import ModelConfig
 
 
 def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:

@@ -1,6 +1,6 @@
 """Loading a Llama-family model: its config, fp32 weights in Hugging Face naming, and its tokenizer.
 
-Sources (see k25.model_source): a GGUF file (dequantised here), a Hugging Face folder
+Sources (see common.model_source): a GGUF file (dequantised here), a Hugging Face folder
 (config.json + safetensors), or `tiny-random`, a small seeded model for control-plane tests.
 Whatever the source, the weights pass the same checks against the config before use.
 """
@@ -16,11 +16,11 @@ import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 
+from common.gguf_file import GGUFError, GGUFFile
+from common.model_source import DEFAULT_MODEL, ModelLoadError, ModelSource, resolve_model
+from common.tokenizer import Tokenizer
+from engine.base.model_config import ModelConfig
 from engine.gguf_dequant import SUPPORTED_TYPES, dequantize, is_supported
-from engine.model_config import ModelConfig
-from k25.gguf_file import GGUFError, GGUFFile
-from k25.model_source import DEFAULT_MODEL, ModelLoadError, ModelSource, resolve_model
-from k25.tokenizer import Tokenizer
 
 
 @dataclass

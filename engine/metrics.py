@@ -2,8 +2,8 @@
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from common.metrics_http import MetricsEndpoint
 from engine.registry import EngineStats
-from k25.metrics_http import MetricsEndpoint
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _INTER_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)

@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention import paged_attention
+from engine.base.model_config import ModelConfig
 from engine.forward_batch import ForwardBatch
 from engine.kv_cache import KVCache
 from engine.lora.slots import LoRASlots
-from engine.model_config import ModelConfig
 from engine.rope import RotaryEmbedding, apply_rotary
 
 

@@ -4,10 +4,10 @@ import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from common.padding import pad_to_chunk_size
 from engine.engine import EngineRequest, LLMEngine, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.sequence import FinishReason
-from k25.padding import pad_to_chunk_size
 
 _ids = itertools.count()
 

@@ -13,8 +13,8 @@ import threading
 
 import redis
 
-from engine.errors import EngineError
-from k25.rollout_keys import RolloutState, RolloutStateError, read_all_rollouts, read_rollout, rollout_channel
+from common.rollout_keys import RolloutState, RolloutStateError, read_all_rollouts, read_rollout, rollout_channel
+from engine.base.errors import EngineError
 
 log = logging.getLogger(__name__)
 

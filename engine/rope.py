@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from engine.errors import EngineConfigError
+from engine.base.errors import EngineConfigError
 
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:

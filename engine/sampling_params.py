@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from engine.errors import EngineError, ErrorCode
+from engine.base.errors import EngineError, ErrorCode
 
 MAX_LOGPROBS = 20
 

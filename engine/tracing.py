@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from common.tracing import context_from
 from engine.engine import StepRecord
-from k25.tracing import context_from
 
 tracer = trace.get_tracer("k25.engine")
 

@@ -6,8 +6,8 @@ it sends back (a TokenDelta when there is something new, then one Final or Error
 
 from google.protobuf.message import DecodeError
 
+from engine.base.errors import EngineError, ErrorCode
 from engine.engine import EngineRequest, RequestOutput, Timings, Usage
-from engine.errors import EngineError, ErrorCode
 from engine.lora.adapter import AdapterRef
 from engine.sampler import SampledToken
 from engine.sampling_params import SamplingParams

@@ -8,7 +8,7 @@ Deployment's scale subresource it starts or stops `k25 engine` processes.
 
 from dataclasses import dataclass, field
 
-from k25.redis_keys import live_engines, pool_qps
+from common.redis_keys import live_engines, pool_qps
 from operators.autoscale_policy import PoolObservation, Recommendation, ScalingDecision, ScalingRules, decide
 
 

@@ -13,7 +13,7 @@ STARTUP_PROBE = {"tcpSocket": {"port": ZMQ_PORT}, "periodSeconds": 10, "failureT
 # the models PVC of the Helm chart (`{release}-models`) is mounted read-only at MODELS_MOUNT
 # where pools name their model by path; a model given by name (smollm2-135m, tiny-random) is
 # in the image. The operator's own OTLP endpoint goes to the engines it starts, so that their
-# spans join the gateway's traces (k25/tracing.py reads these variables).
+# spans join the gateway's traces (common/tracing.py reads these variables).
 TRACING_ENV = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 # the restricted Pod Security Standard: the image's non-root user (docker/*.Dockerfile),
 # no privilege escalation, no capabilities, read-only root with /tmp as the one scratch space

@@ -17,7 +17,7 @@ import time
 import kopf
 import redis
 
-from k25.redis_keys import QpsReading, pool_qps
+from common.redis_keys import QpsReading, pool_qps
 from operators.autoscale_policy import PoolObservation, decide
 from operators.config import OperatorConfig
 from operators.deployment import build_deployment, deployment_name, pod_selector

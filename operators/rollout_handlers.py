@@ -13,11 +13,11 @@ import time
 import kopf
 import redis
 
-from k25.rollout_keys import NAME_PATTERN, delete_rollout, versioned_name
+from common.rollout_keys import NAME_PATTERN, delete_rollout, versioned_name
 from operators.config import OperatorConfig
 from operators.rollout_spec import RolloutSpecError, parse_rollout_spec
-from operators.rollout_step import describe_state, run_step
 from operators.rollout_status import invalid_spec_status, redis_unavailable_status, status_from_dict, status_to_dict
+from operators.rollout_step import describe_state, run_step
 
 ADAPTER_ROLLOUTS = ("k25.io", "v1alpha1", "adapterrollouts")
 

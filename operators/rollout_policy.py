@@ -23,8 +23,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from k25.rollout_keys import (LATENCY_BUCKETS, PROGRESSING, PROMOTED, ROLLED_BACK, RolloutState, VersionStats,
-                              versioned_name)
+from common.rollout_keys import LATENCY_BUCKETS, PROGRESSING, PROMOTED, ROLLED_BACK, RolloutState, VersionStats, versioned_name
 from operators.rollout_spec import AdapterVersion, RolloutSpec
 
 # what the last step did (status.reason)

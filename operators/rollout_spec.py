@@ -5,7 +5,7 @@ covers the one rule the CRD leaves out: the canary must be another version)."""
 import re
 from dataclasses import dataclass
 
-from k25.rollout_keys import ADAPTER_STATS_TTL_S, NAME_PATTERN, SHA256_PATTERN
+from common.rollout_keys import ADAPTER_STATS_TTL_S, NAME_PATTERN, SHA256_PATTERN
 
 POOL_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # a Kubernetes object name (DNS label)
 DEFAULTS = {"steps": [5, 20, 50, 100], "interval": 60, "maxErrorRate": 0.01, "maxP95LatencyMs": 10000,

@@ -5,7 +5,7 @@ version loaded, naming those that do not)."""
 
 import datetime
 
-from k25.rollout_keys import PROGRESSING, PROMOTED, ROLLED_BACK
+from common.rollout_keys import PROGRESSING, PROMOTED, ROLLED_BACK
 from operators.pool_status import _conditions as merge_conditions
 from operators.rollout_policy import Analysis, Readiness, RolloutStatus
 

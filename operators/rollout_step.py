@@ -6,8 +6,8 @@ engine registry, takes the pure step, and writes the Redis rollout state when it
 import dataclasses
 from dataclasses import dataclass
 
-from k25.redis_keys import live_engines
-from k25.rollout_keys import RolloutStateError, read_rollout, version_stats, write_rollout
+from common.redis_keys import live_engines
+from common.rollout_keys import RolloutStateError, read_rollout, version_stats, write_rollout
 from operators.rollout_policy import Readiness, RolloutStatus, StepResult, decide_step, readiness
 from operators.rollout_spec import RolloutSpec
 

@@ -1,6 +1,6 @@
 import pytest
 
-from k25.model_source import resolve_model
+from common.model_source import resolve_model
 
 
 @pytest.fixture(scope="session")

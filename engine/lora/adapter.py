@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.errors import EngineError, ErrorCode
+from engine.base.errors import EngineError, ErrorCode
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ delta for `k_proj` is added to the k slice of the fused qkv output, and so on.""
 
 from dataclasses import dataclass
 
-from engine.model_config import ModelConfig
+from engine.base.model_config import ModelConfig
 
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

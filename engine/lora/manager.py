@@ -11,13 +11,13 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 
-from engine.errors import EngineError, ErrorCode
+from engine.base.errors import EngineError, ErrorCode
+from engine.base.model_config import ModelConfig
 from engine.lora.adapter import AdapterRef, AdapterWeights, LoadedAdapter
 from engine.lora.eviction import least_recent_idle
 from engine.lora.peft_format import parse_peft_adapter
 from engine.lora.slots import LoRASlots
 from engine.lora.source import parse_checksum, read_adapter_files
-from engine.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 

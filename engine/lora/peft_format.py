@@ -11,11 +11,11 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 
-from engine.errors import EngineError, ErrorCode
+from engine.base.errors import EngineError, ErrorCode
+from engine.base.model_config import ModelConfig
 from engine.lora.adapter import AdapterWeights
 from engine.lora.layout import TARGET_MODULES, module_shapes
 from engine.lora.source import AdapterFiles
-from engine.model_config import ModelConfig
 
 # adapter_config.json options that must be off (absent, null, false, empty) for plain LoRA
 UNSUPPORTED_OPTIONS = {

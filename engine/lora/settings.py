@@ -2,8 +2,8 @@
 
 import os
 
-from engine.config import EngineConfig
-from engine.errors import EngineConfigError
+from engine.base.config import EngineConfig
+from engine.base.errors import EngineConfigError
 from engine.lora.slots import KERNELS
 
 

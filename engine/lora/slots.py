@@ -5,15 +5,15 @@ Per layer and fused projection: A stacked as [slots, slices, max_rank, in_featur
 nothing) and the LoRA scaling folded into B when a slot is written. A step's tokens may
 use different slots; each projection adds x @ A[slot].T @ B[slot].T to every token of a
 slot, slice by slice. The torch path does one pair of matmuls per slot present in the
-step; the Triton path (engine/kernels/lora.py) one shrink and one expand launch for all
+step; the Triton path (engine/lora/kernels.py) one shrink and one expand launch for all
 tokens of all slots at once."""
 
 import torch
 
+from engine.base.model_config import ModelConfig
 from engine.lora.adapter import AdapterWeights
 from engine.lora.batch import LoRABatch
 from engine.lora.layout import projections
-from engine.model_config import ModelConfig
 
 KERNELS = ("torch", "triton")
 
@@ -37,7 +37,7 @@ class LoRASlots:
         self.nbytes = sum(t.numel() * t.element_size() for layer in self.a + self.b for t in layer.values())
         self._add = self._add_torch
         if kernel == "triton":
-            from engine.kernels.lora import lora_expand_, lora_shrink  # decorated on import: only when used
+            from engine.lora.kernels import lora_expand_, lora_shrink  # decorated on import: only when used
 
             self._shrink, self._expand = lora_shrink, lora_expand_
             self._offsets = {p.name: torch.tensor(p.slice_offsets, dtype=torch.int32, device=device) for p in self.projections.values()}

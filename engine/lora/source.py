@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
-from engine.errors import EngineError, ErrorCode
+from engine.base.errors import EngineError, ErrorCode
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"

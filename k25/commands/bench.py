@@ -76,8 +76,8 @@ def register(subparsers) -> None:
 
 
 def run_engine_bench(args: argparse.Namespace) -> int:
-    from engine.bench import bench_engine, make_workload
-    from engine.config import EngineConfig
+    from bench.engine_bench import bench_engine, make_workload
+    from engine.base.config import EngineConfig
     from engine.loader import load_model
 
     model = load_model(args.model)
@@ -100,7 +100,7 @@ def run_engine_bench(args: argparse.Namespace) -> int:
 
 
 def run_load_bench(args: argparse.Namespace) -> int:
-    from engine.bench import bench_load
+    from bench.engine_bench import bench_load
 
     result = bench_load(args.model, args.repeats)
     if args.json:
@@ -115,10 +115,10 @@ def run_load_bench(args: argparse.Namespace) -> int:
 def run_chunk_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from bench.chunker_bench import bench_chunker
+    from common.model_source import ModelLoadError
+    from common.tokenizer import load_tokenizer
     from k25.commands.chunk import read_text
-    from k25.model_source import ModelLoadError
-    from k25.tokenizer import load_tokenizer
-    from services.chunker.bench import bench_chunker
     from services.chunker.boundaries import ChunkParams
 
     try:
@@ -149,6 +149,6 @@ def run_chunk_bench(args: argparse.Namespace) -> int:
 
 
 def run_serve_bench(args: argparse.Namespace) -> int:
-    from k25.bench_serve import run_command
+    from bench.serve import run_command
 
     return run_command(args)

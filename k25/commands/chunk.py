@@ -50,8 +50,8 @@ def read_text(path: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from k25.model_source import ModelLoadError
-    from k25.tokenizer import load_tokenizer
+    from common.model_source import ModelLoadError
+    from common.tokenizer import load_tokenizer
     from services.chunker.boundaries import ChunkParams
     from services.chunker.chunker import Chunker
 

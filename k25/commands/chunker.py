@@ -36,9 +36,9 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import zmq
 
-    from k25.model_source import ModelLoadError
-    from k25.tokenizer import load_tokenizer
-    from k25.tracing import setup_tracing
+    from common.model_source import ModelLoadError
+    from common.tokenizer import load_tokenizer
+    from common.tracing import setup_tracing
     from services.chunker.boundaries import ChunkParams
     from services.chunker.chunker import Chunker
     from services.chunker.metrics import ChunkerMetrics

@@ -51,18 +51,18 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import zmq
 
-    from engine.config import EngineConfig
+    from common.model_source import ModelLoadError
+    from common.tracing import setup_tracing
+    from engine.base.config import EngineConfig
+    from engine.base.errors import EngineConfigError
     from engine.engine import LLMEngine
-    from engine.errors import EngineConfigError
     from engine.heartbeat import Heartbeat, registry_client
     from engine.loader import load_model
     from engine.metrics import EngineMetrics
     from engine.registry import EngineProfile, registry_entry
-    from engine.server import EngineServer, ServerSettings
     from engine.rollout_watcher import RolloutWatcher
+    from engine.server import EngineServer, ServerSettings
     from engine.tracing import RequestTraces
-    from k25.tracing import setup_tracing
-    from k25.model_source import ModelLoadError
 
     if args.heartbeat_ttl_s <= args.heartbeat_interval_s:
         print("k25 engine: --heartbeat-ttl-s must be longer than --heartbeat-interval-s", file=sys.stderr)

@@ -3,7 +3,7 @@
 import os
 import sys
 
-from k25.model_source import DEFAULT_MODEL
+from common.model_source import DEFAULT_MODEL
 
 
 def register(subparsers) -> None:
@@ -31,9 +31,9 @@ def run(args) -> int:
     import redis
     import uvicorn
 
-    from k25.model_source import ModelLoadError
-    from k25.tokenizer import load_tokenizer
-    from k25.tracing import setup_tracing
+    from common.model_source import ModelLoadError
+    from common.tokenizer import load_tokenizer
+    from common.tracing import setup_tracing
     from services.gateway.api_keys import ApiKeys, ApiKeysError
     from services.gateway.app import create_app
     from services.gateway.service import Gateway

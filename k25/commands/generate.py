@@ -25,13 +25,13 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.config import EngineConfig
+    from common.model_source import ModelLoadError
+    from engine.base.config import EngineConfig
+    from engine.base.errors import EngineConfigError, EngineError
     from engine.engine import LLMEngine
-    from engine.errors import EngineConfigError, EngineError
     from engine.loader import load_model
     from engine.offline import stream
     from engine.sampling_params import SamplingParams
-    from k25.model_source import ModelLoadError
 
     try:
         model = load_model(args.model)

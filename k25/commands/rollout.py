@@ -24,7 +24,7 @@ def run(args) -> int:
     import redis
     import yaml
 
-    from k25.rollout_keys import PROMOTED, ROLLED_BACK
+    from common.rollout_keys import PROMOTED, ROLLED_BACK
     from operators.rollout_spec import RolloutSpecError, parse_rollout_spec
     from operators.rollout_step import describe_state, run_step
 

@@ -3,7 +3,7 @@ simulated time, on the same bursty diurnal trace and the same slow-starting GPU 
 
 import json
 
-from operators.load_trace import DAY_S, TraceShape
+from bench.load_trace import DAY_S, TraceShape
 
 
 def register(subparsers) -> None:
@@ -17,7 +17,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from operators.simulation import CapacityModel, compare  # numpy only when the command runs
+    from bench.autoscale_simulation import CapacityModel, compare  # numpy only when the command runs
 
     if not args.days > 0:
         raise SystemExit("k25 simulate: --days must be positive")
@@ -29,7 +29,7 @@ def run(args) -> int:
     else:
         print(side_by_side(summaries))
     if args.plot:
-        from operators.simulation_plot import plot_comparison
+        from bench.autoscale_simulation_plot import plot_comparison
 
         plot_comparison(counts, outcomes, capacity, args.plot)
     return 0

@@ -16,7 +16,7 @@ import tempfile
 import time
 import urllib.request
 
-from k25.model_source import DEFAULT_MODEL
+from common.model_source import DEFAULT_MODEL
 
 STARTUP_TIMEOUT_S = 300
 
@@ -130,7 +130,7 @@ class LocalStack:
     def registered(self) -> dict:
         import redis
 
-        from k25.redis_keys import live_engines
+        from common.redis_keys import live_engines
 
         try:
             return live_engines(self.client, self.args.release)

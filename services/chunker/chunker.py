@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from k25.tokenizer import Tokenizer
+from common.tokenizer import Tokenizer
 from services.chunker.anchors import find_anchors
 from services.chunker.boundaries import Chunk, ChunkParams, choose_chunks
 

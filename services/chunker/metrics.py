@@ -2,7 +2,7 @@
 
 from prometheus_client import Counter, Histogram
 
-from k25.metrics_http import MetricsEndpoint
+from common.metrics_http import MetricsEndpoint
 
 _DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _BYTES_BUCKETS = tuple(float(1 << k) for k in range(10, 27, 2))  # 1 KiB .. 64 MiB

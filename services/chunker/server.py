@@ -17,8 +17,8 @@ import zmq
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from k25.tracing import context_from
-from k25.zmq_router import bind_router
+from common.tracing import context_from
+from common.zmq_router import bind_router
 from proto import k25_pb2
 from services.chunker.boundaries import ChunkParams
 from services.chunker.chunker import Chunker

@@ -11,8 +11,8 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from k25.redis_keys import BUCKET_TTL_S, record_outcomes, record_requests
-from k25.rollout_keys import record_version_outcomes
+from common.redis_keys import BUCKET_TTL_S, record_outcomes, record_requests
+from common.rollout_keys import record_version_outcomes
 
 
 @dataclass

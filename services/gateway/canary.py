@@ -11,7 +11,7 @@ get the canary. Until some engine reports the canary loaded, its users get stabl
 import hashlib
 from dataclasses import dataclass
 
-from k25.rollout_keys import RolloutState
+from common.rollout_keys import RolloutState
 
 STABLE, CANARY, PINNED = "stable", "canary", "pinned"
 

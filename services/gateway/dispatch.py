@@ -13,13 +13,19 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from k25.padding import pad_to_chunk_size
+from common.padding import pad_to_chunk_size
 from proto import k25_pb2
 from services.gateway.canary import AdapterChoice
 from services.gateway.engine_client import ENGINE_GONE, EngineConnections, EngineStream, EngineUnavailable
-from services.gateway.errors import RETRY_AFTER_S, RETRYABLE_ENGINE_ERRORS, OpenAIError, from_engine_error, invalid_request, overloaded
+from services.gateway.errors import (
+    RETRY_AFTER_S,
+    RETRYABLE_ENGINE_ERRORS,
+    OpenAIError,
+    from_engine_error,
+    invalid_request,
+    overloaded,
+)
 from services.gateway.routing import EngineView, Refusal, RoutePlan, attempts, plan_route
-
 
 _turns = itertools.count()  # one per request: rotates the order of equally loaded engines
 

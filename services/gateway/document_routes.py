@@ -8,9 +8,9 @@ from fastapi.responses import JSONResponse
 from opentelemetry import trace
 from pydantic import BaseModel, ConfigDict, Field
 
-from k25.tracing import traceparent_of
-from services.chunker.errors import ChunkerError
+from common.tracing import traceparent_of
 from services.gateway.api_keys import Caller
+from services.gateway.chunker_client import ChunkerError
 from services.gateway.disconnect import unless_client_leaves
 from services.gateway.documents import Part, citations, reduce_messages, take_notes
 from services.gateway.errors import OpenAIError, invalid_request
@@ -54,7 +54,7 @@ def install_document_routes(app: FastAPI, gateway: Gateway, caller) -> None:
     async def chunks(body: ChunksRequest, request: Request, caller: Caller = Depends(caller)):
         document = await _chunk(gateway, body, body.text, request.state.span)
         return {"object": "list", "total_tokens": document.total_tokens,
-                "data": [{"index": i, **c.as_dict()} for i, c in enumerate(document.chunks)]}
+                "data": [{"index": i, **_chunk_json(c)} for i, c in enumerate(document.chunks)]}
 
     @app.post("/v1/documents/ask")
     async def ask(body: AskRequest, request: Request, caller: Caller = Depends(caller)):
@@ -109,6 +109,11 @@ async def _chunk(gateway: Gateway, fields: ChunkingFields, text: str, parent_spa
     if not document.chunks:
         raise invalid_request("the document has no text to chunk", "document")
     return document
+
+
+def _chunk_json(chunk) -> dict:
+    return {"start_char": chunk.start_char, "end_char": chunk.end_char, "start_token": chunk.start_token,
+            "end_token": chunk.end_token, "anchor": chunk.anchor}
 
 
 def _job(gateway: Gateway, body: AskRequest, messages: list[dict], max_tokens: int, caller: Caller):

@@ -7,7 +7,7 @@ import time
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from k25.tracing import traceparent_of
+from common.tracing import traceparent_of
 from proto import k25_pb2
 from services.gateway.dispatch import Job
 from services.gateway.responses import FINISH_REASONS

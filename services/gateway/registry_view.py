@@ -12,8 +12,8 @@ import time
 
 import redis
 
-from k25.redis_keys import live_engines
-from k25.rollout_keys import RolloutState, RolloutStateError, read_all_rollouts
+from common.redis_keys import live_engines
+from common.rollout_keys import RolloutState, RolloutStateError, read_all_rollouts
 from services.gateway.routing import EngineView
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@ the engine sent (text deltas, logprobs, the Final's finish reason and usage)."""
 
 import json
 
-from k25.tokenizer import Tokenizer
+from common.tokenizer import Tokenizer
 from proto import k25_pb2
 
 FINISH_REASONS = {k25_pb2.STOP: "stop", k25_pb2.LENGTH: "length", k25_pb2.ABORT: "stop"}

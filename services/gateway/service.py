@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 import redis
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from k25.tokenizer import Tokenizer
+from common.tokenizer import Tokenizer
 from proto import k25_pb2
-from services.chunker.client import ChunkerClient
 from services.gateway.accounting import RequestAccounting, write_counts
 from services.gateway.api_keys import Caller
 from services.gateway.canary import AdapterChoice, UnknownModel, choose_adapter
+from services.gateway.chunker_client import ChunkerClient
 from services.gateway.dispatch import EngineLost, Job, open_stream, plan_pool
 from services.gateway.engine_client import EngineConnections
 from services.gateway.errors import OpenAIError, invalid_request, overloaded
@@ -29,7 +29,14 @@ from services.gateway.openai_schema import SamplingFields
 from services.gateway.outcome import RequestOutcome
 from services.gateway.registry_view import RegistryView
 from services.gateway.responses import (
-    FINISH_REASONS, LogprobsBuilder, chat_chunk, merge_logprobs, sse, text_chunk, usage_body, usage_chunk,
+    FINISH_REASONS,
+    LogprobsBuilder,
+    chat_chunk,
+    merge_logprobs,
+    sse,
+    text_chunk,
+    usage_body,
+    usage_chunk,
 )
 from services.gateway.settings import GatewaySettings
 

@@ -8,7 +8,7 @@ span in `request.state.span` to hang their own spans and attributes on.
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from k25.tracing import context_from
+from common.tracing import context_from
 
 tracer = trace.get_tracer("k25.gateway")
 

@@ -1,0 +1,182 @@
+"""`k25 bench engine`: the engine against transformers `generate()` on one serving-like
+workload, in the same run, plus this machine's fp32 matmul peak as the roofline."""
+
+import random
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+from tqdm import tqdm
+
+from engine.base.config import EngineConfig
+from engine.engine import LLMEngine
+from engine.loader import LoadedModel
+from engine.offline import generate
+from engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompts: list[list[int]]
+    max_tokens: list[int]
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(map(len, self.prompts))
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(self.max_tokens)
+
+
+def make_workload(vocab_size: int, num_requests: int, prompt_range: tuple[int, int], max_tokens_range: tuple[int, int], seed: int) -> Workload:
+    rng = random.Random(seed)
+    low_id = min(1000, vocab_size // 2)  # skip the special tokens at the start of the vocabulary
+    prompts = [[rng.randrange(low_id, vocab_size) for _ in range(rng.randint(*prompt_range))] for _ in range(num_requests)]
+    return Workload(prompts, [rng.randint(*max_tokens_range) for _ in range(num_requests)])
+
+
+def matmul_peak_flops(size: int = 2048, repeats: int = 5) -> float:
+    """Best fp32 FLOP/s of a plain square matmul: this machine's practical roofline."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b  # warm up
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def run_engine(model: LoadedModel, workload: Workload, config: EngineConfig) -> float:
+    """Seconds for the engine to finish every request, all submitted at once."""
+    engine = LLMEngine(model, config)
+    params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in workload.max_tokens]
+    with tqdm(total=len(params), desc="engine", unit="req", file=sys.stderr) as bar:
+        start = time.perf_counter()
+        completions = generate(engine, workload.prompts, params, on_finish=lambda _: bar.update())
+        elapsed = time.perf_counter() - start
+    produced = sum(len(c.token_ids) for c in completions)
+    if produced != workload.generated_tokens:
+        raise RuntimeError(f"engine produced {produced} tokens, expected {workload.generated_tokens}")
+    return elapsed
+
+
+def reference_model(model: LoadedModel):
+    """transformers' own Llama with the very same weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    c = model.config
+    hf_config = LlamaConfig(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
+        head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta, rope_scaling=c.rope_scaling,
+        max_position_embeddings=c.max_position_embeddings, tie_word_embeddings=c.tie_word_embeddings,
+    )
+    reference = LlamaForCausalLM(hf_config).float().eval()
+    loaded = reference.load_state_dict(model.weights, strict=False)
+    if loaded.unexpected_keys or set(loaded.missing_keys) - {"lm_head.weight"}:
+        raise RuntimeError(f"weights do not match transformers' Llama: {loaded}")
+    if c.tie_word_embeddings:
+        reference.tie_weights()
+    return reference
+
+
+def run_reference(reference, workload: Workload, batch_size: int, pad_token_id: int) -> float:
+    """Seconds for transformers `generate()` over the workload in static, left-padded batches."""
+    start = time.perf_counter()
+    batches = range(0, len(workload.prompts), batch_size)
+    with torch.inference_mode():
+        for first in tqdm(batches, desc=f"transformers, batch {batch_size}", unit="batch", file=sys.stderr):
+            prompts = workload.prompts[first : first + batch_size]
+            new_tokens = max(workload.max_tokens[first : first + batch_size])
+            width = max(map(len, prompts))
+            ids = torch.tensor([[pad_token_id] * (width - len(p)) + p for p in prompts])
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+            reference.generate(
+                input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens, pad_token_id=pad_token_id,
+            )
+    return time.perf_counter() - start
+
+
+@dataclass
+class EngineBenchResult:
+    requests: int
+    prompt_tokens: int
+    generated_tokens: int
+    parameters: int
+    engine_seconds: float
+    engine_tokens_per_s: float
+    engine_flops_per_s: float
+    matmul_peak_flops_per_s: float
+    roofline_fraction: float
+    reference_tokens_per_s: float
+    reference_best_mode: str
+    reference_tokens_per_s_by_mode: dict
+    ratio: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def bench_engine(model: LoadedModel, workload: Workload, config: EngineConfig, reference_batch_sizes: list[int], progress=print) -> EngineBenchResult:
+    params = model.config.num_parameters()
+    progress("measuring the fp32 matmul peak")
+    peak = matmul_peak_flops()
+    progress(f"engine: {len(workload.prompts)} requests, {workload.prompt_tokens} prompt + {workload.generated_tokens} generated tokens")
+    engine_s = run_engine(model, workload, config)
+    by_mode = {}
+    reference = reference_model(model)
+    for batch_size in reference_batch_sizes:
+        mode = "one-at-a-time" if batch_size == 1 else f"static-batch-{batch_size}"
+        progress(f"transformers generate(): {mode}")
+        by_mode[mode] = workload.generated_tokens / run_reference(reference, workload, batch_size, model.tokenizer.pad_token_id)
+    best_mode = max(by_mode, key=by_mode.get)
+    engine_tps = workload.generated_tokens / engine_s
+    engine_flops = 2 * params * (workload.prompt_tokens + workload.generated_tokens) / engine_s
+    return EngineBenchResult(
+        requests=len(workload.prompts),
+        prompt_tokens=workload.prompt_tokens,
+        generated_tokens=workload.generated_tokens,
+        parameters=params,
+        engine_seconds=engine_s,
+        engine_tokens_per_s=engine_tps,
+        engine_flops_per_s=engine_flops,
+        matmul_peak_flops_per_s=peak,
+        roofline_fraction=engine_flops / peak,
+        reference_tokens_per_s=by_mode[best_mode],
+        reference_best_mode=best_mode,
+        reference_tokens_per_s_by_mode=by_mode,
+        ratio=engine_tps / by_mode[best_mode],
+    )
+
+
+_TIME_OUR_LOAD = """
+import time; t = time.perf_counter()
+from engine.loader import load_model; load_model({model!r})
+print(time.perf_counter() - t)
+"""
+
+_TIME_TRANSFORMERS_LOAD = """
+import os, time; t = time.perf_counter()
+import torch; from transformers import AutoModelForCausalLM
+from common.model_source import resolve_model
+folder, name = os.path.split(resolve_model({model!r}).path)
+AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+print(time.perf_counter() - t)
+"""
+
+
+def _seconds_in_fresh_process(script: str) -> float:
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def bench_load(model: str, repeats: int) -> dict:
+    """Best-of-`repeats` load time, imports included, each in a fresh process."""
+    ours = min(_seconds_in_fresh_process(_TIME_OUR_LOAD.format(model=model)) for _ in range(repeats))
+    theirs = min(_seconds_in_fresh_process(_TIME_TRANSFORMERS_LOAD.format(model=model)) for _ in range(repeats))
+    return {"model": model, "k25_seconds": ours, "transformers_seconds": theirs, "ratio": theirs / ours}

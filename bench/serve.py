@@ -1,0 +1,347 @@
+"""`k25 bench serve`: an open-loop load generator for the gateway's streamed completions.
+
+Requests arrive as a Poisson process at the offered rate whatever the answers do (open
+loop: a slow gateway builds a queue, it does not slow the arrivals). Each request is a
+streamed `/v1/completions` call with a prompt of token ids, so its length is exact; the
+server-sent events give the time to the first token (TTFT), the gaps between token
+events (inter-token latency) and the end-to-end latency. The schedule and the statistics
+are plain functions; the HTTP part is `run_workload`.
+"""
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+import numpy as np
+from tqdm import tqdm
+
+from bench.serve_stats import RequestResult, highest_qps_held, holds, max_overlap, summarize
+
+# prompt token ids are drawn from here: ids that every Llama-family vocabulary (32k tokens
+# or more) holds, past the special tokens at its start
+PROMPT_TOKEN_IDS = (1000, 32000)
+PREFLIGHT_TIMEOUT_S = 10.0
+
+
+# --- the schedule (pure) ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RequestSpec:
+    send_at_s: float  # offset from the run's start
+    prompt_token_ids: list[int]
+    max_tokens: int
+
+
+def poisson_arrivals(qps: float, duration_s: float, rng: np.random.Generator) -> np.ndarray:
+    """Arrival offsets in [0, duration_s) of a Poisson process of rate `qps`: exponential
+    gaps of mean 1/qps, summed."""
+    if qps <= 0 or duration_s <= 0:
+        raise ValueError(f"qps and duration must be positive, got {qps} and {duration_s}")
+    expected = qps * duration_s
+    gaps = rng.exponential(1.0 / qps, size=int(expected + 6 * expected**0.5) + 16)
+    arrivals = np.cumsum(gaps)
+    while arrivals[-1] < duration_s:  # a draw past six standard deviations: extend it
+        arrivals = np.concatenate([arrivals, arrivals[-1] + np.cumsum(rng.exponential(1.0 / qps, size=len(gaps)))])
+    return arrivals[arrivals < duration_s]
+
+
+def make_workload(send_at_s, prompt_tokens: tuple[int, int], max_tokens: tuple[int, int],
+                  rng: np.random.Generator) -> list[RequestSpec]:
+    """One request per send time, prompt length and max_tokens uniform in their inclusive ranges."""
+    specs = []
+    for at in send_at_s:
+        length = int(rng.integers(prompt_tokens[0], prompt_tokens[1] + 1))
+        ids = rng.integers(*PROMPT_TOKEN_IDS, size=length).tolist()
+        specs.append(RequestSpec(float(at), ids, int(rng.integers(max_tokens[0], max_tokens[1] + 1))))
+    return specs
+
+
+# --- talking to the gateway ---------------------------------------------------------------
+
+class CannotBenchmark(Exception):
+    """The gateway cannot be reached or refuses the workload; the message says why, for the user."""
+
+
+def base_url(url: str) -> str:
+    """The gateway's root from what a user may pass: with or without a trailing /v1."""
+    return url.rstrip("/").removesuffix("/v1")
+
+
+async def served_model(client: httpx.AsyncClient, url: str, wanted: str | None) -> str:
+    """`wanted`, once the gateway confirms it serves it, or else the first model it serves."""
+    try:
+        response = await client.get(f"{url}/v1/models", timeout=PREFLIGHT_TIMEOUT_S)
+    except httpx.UnsupportedProtocol:
+        raise CannotBenchmark(f"{url}: not an http:// or https:// URL") from None
+    except (httpx.InvalidURL, ValueError) as exc:
+        raise CannotBenchmark(f"{url}: not a valid URL ({exc})") from None
+    except httpx.HTTPError as exc:
+        raise CannotBenchmark(f"cannot reach the gateway at {url} ({type(exc).__name__}: {exc or 'no answer'}); "
+                              "is it running? (k25 up)") from None
+    if response.status_code != 200:
+        raise CannotBenchmark(f"GET {url}/v1/models answered HTTP {response.status_code}: {_error_message(response.content)}")
+    try:
+        models = [m["id"] for m in response.json()["data"]]
+    except (ValueError, KeyError, TypeError):
+        raise CannotBenchmark(f"GET {url}/v1/models did not answer an OpenAI model list; is {url} a K25 gateway?") from None
+    if wanted is None:
+        if not models:
+            raise CannotBenchmark(f"the gateway at {url} serves no model")
+        return models[0]
+    if wanted not in models:
+        raise CannotBenchmark(f"the gateway at {url} does not serve the model {wanted!r}; it serves {', '.join(models)}")
+    return wanted
+
+
+def _error_message(content: bytes) -> str:
+    try:
+        return json.loads(content)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return content.decode(errors="replace")[:200]
+
+
+async def stream_completion(client: httpx.AsyncClient, url: str, model: str, spec: RequestSpec,
+                            clock: Callable[[], float]) -> RequestResult:
+    """Send one streamed, greedy completion and time its token events."""
+    body = {
+        "model": model, "prompt": spec.prompt_token_ids, "max_tokens": spec.max_tokens, "temperature": 0,
+        "stream": True, "stream_options": {"include_usage": True},
+    }
+    result = RequestResult(spec.send_at_s, clock(), 0.0)
+    usage_tokens = None
+    finished = False
+    try:
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                result.error, result.error_message = str(response.status_code), _error_message(await response.aread())
+            else:
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    data = line.removeprefix("data: ")
+                    if data == "[DONE]":
+                        finished = True
+                        break
+                    try:
+                        event = json.loads(data)
+                    except ValueError:
+                        result.error, result.error_message = "bad-event", f"not JSON: {data[:200]!r}"
+                        break
+                    if "error" in event:
+                        result.error = f"stream:{event['error'].get('code') or 'error'}"
+                        result.error_message = event["error"].get("message", "")
+                        break
+                    if event.get("usage"):
+                        usage_tokens = event["usage"]["completion_tokens"]
+                    choices = event.get("choices") or []
+                    if choices and choices[0].get("finish_reason") is None:
+                        result.token_times_s.append(clock() - result.started_s)
+                if result.error is None and not finished:
+                    result.error, result.error_message = "incomplete", "the stream ended without [DONE]"
+    except httpx.HTTPError as exc:
+        result.error, result.error_message = type(exc).__name__, str(exc)
+    result.ended_s = clock()
+    result.output_tokens = usage_tokens if usage_tokens is not None else len(result.token_times_s)
+    return result
+
+
+async def warm_up(client: httpx.AsyncClient, url: str, model: str, prompt_tokens: int, max_tokens: int) -> None:
+    """One unmeasured request, the largest of the workload, before a run: the first engine step and
+    the first connection are not what a run measures, and a workload the gateway refuses
+    stops here with its reason rather than as a run of failures."""
+    spec = RequestSpec(0.0, list(range(PROMPT_TOKEN_IDS[0], PROMPT_TOKEN_IDS[0] + prompt_tokens)), max_tokens)
+    result = await stream_completion(client, url, model, spec, time.perf_counter)
+    if result.error is not None:
+        raise CannotBenchmark(f"a first, unmeasured request ({prompt_tokens} prompt tokens, max_tokens {max_tokens}) failed "
+                              f"({result.error}): {result.error_message}")
+
+
+def http_client(timeout_s: float) -> httpx.AsyncClient:
+    """One client for the whole run: no cap on connections (the run decides how many are
+    open), and a read timeout per request."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout_s, connect=PREFLIGHT_TIMEOUT_S))
+
+
+async def run_workload(client: httpx.AsyncClient, url: str, model: str, specs: list[RequestSpec],
+                       on_done: Callable[[], None] = lambda: None) -> tuple[list[RequestResult], float]:
+    """Send each request at its time (open loop) and wait for all; (results, wall seconds)."""
+    start = time.perf_counter()
+
+    def clock() -> float:
+        return time.perf_counter() - start
+
+    tasks = []
+    for spec in specs:
+        delay = spec.send_at_s - clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        task = asyncio.create_task(stream_completion(client, url, model, spec, clock))
+        task.add_done_callback(lambda _: on_done())
+        tasks.append(task)
+    results = await asyncio.gather(*tasks)
+    return list(results), clock()
+
+
+async def measure(client: httpx.AsyncClient, url: str, model: str, specs: list[RequestSpec], label: str) -> tuple[list[RequestResult], dict]:
+    """Run `specs` under a progress bar on stderr; (results, summary)."""
+    with tqdm(total=len(specs), desc=label, unit="req", file=sys.stderr) as bar:
+        results, wall_s = await run_workload(client, url, model, specs, on_done=bar.update)
+    return results, summarize(results, wall_s)
+
+
+def streams_at_once(results: list[RequestResult]) -> dict:
+    """How many requests were open at once, and how many of those were receiving tokens."""
+    streaming = [(r.started_s + r.ttft_s, r.ended_s) for r in results if r.ttft_s is not None]
+    return {
+        "peak_open": max_overlap([(r.started_s, r.ended_s) for r in results]),
+        "peak_streaming": max_overlap(streaming),
+    }
+
+
+# --- the command --------------------------------------------------------------------------
+
+class BadArguments(Exception):
+    pass
+
+
+def _check_args(args) -> list[float] | None:
+    """The sweep's levels (None when not sweeping), once every flag has been checked."""
+    for name in ("prompt_tokens", "max_tokens"):
+        low, high = getattr(args, name)
+        if not 1 <= low <= high:
+            raise BadArguments(f"--{name.replace('_', '-')} needs 1 <= MIN <= MAX, got {low} {high}")
+    if args.duration <= 0 or args.timeout <= 0 or args.ttft_limit_ms <= 0:
+        raise BadArguments("--duration, --timeout and --ttft-limit-ms must be positive")
+    if args.qps is not None and args.qps <= 0:
+        raise BadArguments(f"--qps must be positive, got {args.qps}")
+    if args.concurrency_probe is not None and args.concurrency_probe < 1:
+        raise BadArguments(f"--concurrency-probe must be at least 1, got {args.concurrency_probe}")
+    if args.plot:
+        folder = os.path.dirname(os.path.abspath(args.plot))
+        if not os.path.isdir(folder):
+            raise BadArguments(f"--plot {args.plot}: the folder {folder} does not exist")
+    if args.sweep is None:
+        return None
+    try:
+        levels = [float(part) for part in args.sweep.split(",")]
+    except ValueError:
+        raise BadArguments(f"--sweep expects QPS values separated by commas (e.g. 5,10,20), got {args.sweep!r}") from None
+    if not levels or any(q <= 0 for q in levels):
+        raise BadArguments(f"--sweep values must be positive, got {args.sweep!r}")
+    return sorted(levels)
+
+
+def run_command(args) -> int:
+    """`k25 bench serve`: check the flags, ask the gateway which model it serves, run the
+    chosen mode, print its figures (a table, or one JSON object) and draw the plot."""
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per request over the progress bar
+    # Ctrl-C stops the run even when it was started from a shell or harness that ignores
+    # SIGINT for background jobs (an ignored signal is inherited, and asyncio then leaves it)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        sweep = _check_args(args)
+        report = asyncio.run(_run_mode(args, sweep))
+    except (BadArguments, CannotBenchmark) as exc:
+        print(f"k25 bench serve: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("k25 bench serve: interrupted", file=sys.stderr)
+        return 130
+    print(json.dumps(report) if args.json else "\n".join(report_lines(report)))
+    return 0
+
+
+async def _run_mode(args, sweep: list[float] | None) -> dict:
+    url = base_url(args.url)
+    async with http_client(args.timeout) as client:
+        model = await served_model(client, url, args.model)
+        await warm_up(client, url, model, args.prompt_tokens[1], args.max_tokens[1])
+        report = {"url": url, "model": model, "seed": args.seed, "prompt_tokens": list(args.prompt_tokens),
+                  "max_tokens": list(args.max_tokens)}
+
+        def workload(send_at_s) -> list[RequestSpec]:
+            rng = np.random.default_rng(args.seed)
+            return make_workload(send_at_s(rng), tuple(args.prompt_tokens), tuple(args.max_tokens), rng)
+
+        if sweep is not None:
+            levels = []
+            for qps in sweep:
+                specs = workload(lambda rng: poisson_arrivals(qps, args.duration, rng))
+                _, summary = await measure(client, url, model, specs, f"{qps:g} QPS")
+                levels.append({"qps": qps, **summary})
+            report |= {"mode": "sweep", "duration_s": args.duration, "ttft_limit_ms": args.ttft_limit_ms,
+                       "levels": levels, "highest_qps_held": highest_qps_held(levels, args.ttft_limit_ms)}
+            if args.plot:
+                from bench.serve_plot import plot_sweep
+
+                plot_sweep(levels, args.ttft_limit_ms, args.plot)
+            return report
+        if args.concurrency_probe is not None:
+            specs = workload(lambda rng: np.zeros(args.concurrency_probe))
+            results, summary = await measure(client, url, model, specs, f"{args.concurrency_probe} streams")
+            report |= {"mode": "concurrency-probe", "streams": args.concurrency_probe, **streams_at_once(results), **summary}
+            title = f"{args.concurrency_probe} streams opened at once"
+        else:
+            specs = workload(lambda rng: poisson_arrivals(args.qps, args.duration, rng))
+            results, summary = await measure(client, url, model, specs, f"{args.qps:g} QPS")
+            report |= {"mode": "qps", "qps": args.qps, "duration_s": args.duration, **summary}
+            title = f"Poisson {args.qps:g} QPS for {args.duration:g} s"
+        if args.plot:
+            from bench.serve_plot import plot_run
+
+            plot_run(results, f"{model}: {title}", args.plot)
+        return report
+
+
+def report_lines(report: dict) -> list[str]:
+    head = f"model {report['model']} at {report['url']}, prompts {report['prompt_tokens'][0]}-{report['prompt_tokens'][1]} " \
+           f"tokens, max_tokens {report['max_tokens'][0]}-{report['max_tokens'][1]}, seed {report['seed']}"
+    if report["mode"] == "sweep":
+        return [head, *_sweep_lines(report)]
+    if report["mode"] == "qps":
+        what = f"Poisson arrivals at {report['qps']:g} QPS for {report['duration_s']:g} s"
+    else:
+        what = (f"{report['streams']} streams opened at once: {report['completed']} completed without error; "
+                f"at most {report['peak_open']} open and {report['peak_streaming']} receiving tokens at one moment")
+    return [head, what, *_summary_lines(report)]
+
+
+def _ms(value: float | None) -> str:
+    return f"{value:9.1f}" if value is not None else f"{'-':>9}"
+
+
+def _summary_lines(s: dict) -> list[str]:
+    lines = [
+        f"requests      {s['requests']} sent, {s['completed']} completed, {s['failed']} failed ({s['errors_503']} of them 503)",
+        f"throughput    {s['requests_per_s']:.2f} req/s, {s['output_tokens_per_s']:.1f} output tok/s "
+        f"({s['output_tokens']} tokens in {s['wall_s']:.2f} s)",
+        f"latency (ms)  {'p50':>9}{'p95':>9}{'p99':>9}{'mean':>9}{'max':>9}",
+    ]
+    for key, name in (("ttft_ms", "TTFT"), ("itl_ms", "inter-token"), ("e2e_ms", "end-to-end"), ("send_lag_ms", "send lag")):
+        stats = s[key]
+        lines.append(f"  {name:12s}" + "".join(_ms(stats[k]) for k in ("p50", "p95", "p99", "mean", "max")))
+    for kind, count in s["errors"].items():
+        lines.append(f"error {kind:>8} x{count}: {s['error_examples'][kind]}")
+    return lines
+
+
+def _sweep_lines(report: dict) -> list[str]:
+    limit = report["ttft_limit_ms"]
+    lines = [f"sweep: Poisson arrivals for {report['duration_s']:g} s per level; held = no failure and p99 TTFT < {limit:g} ms",
+             f"{'QPS':>8}{'req/s':>9}{'TTFT p50':>10}{'p99 (ms)':>10}{'ITL p99':>9}{'failed':>8}{'503':>6}  held"]
+    for level in report["levels"]:
+        ttft = level["ttft_ms"]
+        lines.append(f"{level['qps']:8g}{level['requests_per_s']:9.2f}{_ms(ttft['p50']):>10}{_ms(ttft['p99']):>10}"
+                     f"{_ms(level['itl_ms']['p99'])}{level['failed']:8d}{level['errors_503']:6d}  "
+                     f"{'yes' if holds(level, limit) else 'no'}")
+    best = report["highest_qps_held"]
+    lines.append(f"highest QPS held at p99 TTFT < {limit:g} ms: " + (f"{best:g}" if best is not None else "none of these levels"))
+    return lines

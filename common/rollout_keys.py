@@ -1,0 +1,284 @@
+"""The Redis contract for LoRA adapter rollouts, shared by the operator (writes the state),
+the engines (load what it names) and the gateways (split traffic by it, count outcomes).
+
+Every key starts with the release name, as in `common.redis_keys`. Adapter names and versions
+are 1-63 characters of letters, digits, `.`, `_` and `-`, starting with a letter or digit
+(so `@` and `:` can separate them in keys and model names).
+
+Rollout state, one hash per adapter:
+
+    {release}:rollout:{adapter}     hash
+        stable_version, stable_source, stable_sha256    the version everyone gets by default
+        canary_version, canary_source, canary_sha256    the version on trial; all three empty
+                                                         when there is none
+        canary_weight   integer percent 0..100 of users placed on the canary (0 without one)
+        allow_list      JSON list of user ids that always get the canary
+        phase           Progressing | Promoted | RolledBack | Stable (Stable: one version
+                        served and no rollout has run; the operator writes the other three)
+        generation      integer, incremented on every write
+
+`write_rollout` sets every field and increments `generation` in one transaction, then
+publishes the adapter's name on
+
+    {release}:rollouts              pub/sub channel, message: the adapter name
+
+so that engines hot-load (and unload) versions and gateways re-read weights at once.
+`delete_rollout` removes an adapter's hash and announces that the same way; a reader
+that finds no hash after an announcement stops serving the adapter. `source` is a path
+under the engine's adapter root; `sha256` is 64 hex digits, the engine's adapter checksum
+(`cat adapter_config.json adapter_model.safetensors | sha256sum`).
+
+Engines report what they hold in their registry heartbeat (`{release}:engine:{id}`,
+`common.redis_keys.live_engines`): the field `adapters`, a list of `versioned_name(adapter,
+version)` strings ("name@version").
+
+Per adapter version request outcomes, written by the gateways for each epoch second:
+
+    {release}:adapter_stats:{adapter}@{version}:{epoch_second}     hash, TTL 300 s
+        requests        requests that finished in that second
+        errors          how many of them failed
+        latency_s_sum   their summed end-to-end latency in seconds
+        le_0.05 le_0.1 le_0.25 le_0.5 le_1 le_2.5 le_5 le_10 le_inf
+                        latency histogram, NOT cumulative: each latency adds 1 to exactly
+                        one bucket, the first whose bound is >= it (le_0.1 counts
+                        latencies in (0.05, 0.1]); Prometheus' cumulative counts are the
+                        running sums of these
+
+`version_stats` sums the complete seconds of a window and takes the p95 from the buckets.
+"""
+
+import bisect
+import json
+import math
+import re
+from dataclasses import dataclass, fields
+
+PROGRESSING, PROMOTED, ROLLED_BACK, STABLE = "Progressing", "Promoted", "RolledBack", "Stable"
+PHASES = (PROGRESSING, PROMOTED, ROLLED_BACK, STABLE)
+
+ADAPTER_STATS_TTL_S = 300
+# (hash field, upper bound in seconds), in increasing order
+LATENCY_BUCKETS = (("le_0.05", 0.05), ("le_0.1", 0.1), ("le_0.25", 0.25), ("le_0.5", 0.5), ("le_1", 1.0),
+                   ("le_2.5", 2.5), ("le_5", 5.0), ("le_10", 10.0), ("le_inf", math.inf))
+BUCKET_BOUNDS_S = tuple(bound for _, bound in LATENCY_BUCKETS)
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
+
+
+class RolloutStateError(ValueError):
+    """A rollout state that breaks the contract; the message says which field and why."""
+
+
+def check_name(what: str, value: str) -> str:
+    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
+        raise RolloutStateError(f"{what} must be 1-63 letters, digits, '.', '_' or '-' starting with a letter "
+                                f"or digit, got {value!r}")
+    return value
+
+
+def versioned_name(adapter: str, version: str) -> str:
+    """"name@version": how engines list the adapters they hold and clients may name one."""
+    return f"{check_name('adapter', adapter)}@{check_name('version', version)}"
+
+
+def rollout_key(release: str, adapter: str) -> str:
+    return f"{release}:rollout:{check_name('adapter', adapter)}"
+
+
+def rollout_channel(release: str) -> str:
+    return f"{release}:rollouts"
+
+
+@dataclass(frozen=True)
+class RolloutState:
+    stable_version: str
+    stable_source: str
+    stable_sha256: str
+    canary_version: str = ""
+    canary_source: str = ""
+    canary_sha256: str = ""
+    canary_weight: int = 0
+    allow_list: tuple[str, ...] = ()
+    phase: str = STABLE
+    generation: int = 0  # the store's: `write_rollout` ignores it, `read_rollout` fills it in
+
+    def __post_init__(self):
+        object.__setattr__(self, "allow_list", tuple(self.allow_list))
+        self._check_version("stable", self.stable_version, self.stable_source, self.stable_sha256)
+        canary = (self.canary_version, self.canary_source, self.canary_sha256)
+        if any(canary):
+            self._check_version("canary", *canary)
+            if self.canary_version == self.stable_version:
+                raise RolloutStateError(f"canary_version must differ from stable_version ({self.stable_version!r})")
+        weight = self.canary_weight
+        if isinstance(weight, bool) or not isinstance(weight, int) or not 0 <= weight <= 100:
+            raise RolloutStateError(f"canary_weight must be an integer percent 0..100, got {weight!r}")
+        if weight and not self.has_canary:
+            raise RolloutStateError(f"canary_weight must be 0 without a canary, got {weight}")
+        if not all(isinstance(user, str) for user in self.allow_list):
+            raise RolloutStateError(f"allow_list must hold user ids (strings), got {list(self.allow_list)!r}")
+        if self.phase not in PHASES:
+            raise RolloutStateError(f"phase must be one of {', '.join(PHASES)}, got {self.phase!r}")
+        if isinstance(self.generation, bool) or not isinstance(self.generation, int) or self.generation < 0:
+            raise RolloutStateError(f"generation must be a non-negative integer, got {self.generation!r}")
+
+    @property
+    def has_canary(self) -> bool:
+        return bool(self.canary_version)
+
+    @staticmethod
+    def _check_version(which: str, version: str, source: str, sha256: str) -> None:
+        check_name(f"{which}_version", version)
+        if not isinstance(source, str) or not source:
+            raise RolloutStateError(f"{which}_source must be a non-empty path, got {source!r}")
+        if not isinstance(sha256, str) or not SHA256_PATTERN.fullmatch(sha256):
+            raise RolloutStateError(f"{which}_sha256 must be 64 lowercase hex digits, got {sha256!r}")
+
+
+def write_rollout(redis, release: str, adapter: str, state: RolloutState) -> int:
+    """Store `state` as the adapter's rollout state and announce it; returns the new generation.
+    `redis` is a client (the write is one MULTI/EXEC transaction)."""
+    fields_ = {f.name: getattr(state, f.name) for f in fields(state) if f.name != "generation"}
+    fields_["canary_weight"] = str(state.canary_weight)
+    fields_["allow_list"] = json.dumps(list(state.allow_list))
+    key = rollout_key(release, adapter)
+    pipe = redis.pipeline(transaction=True)
+    pipe.hset(key, mapping=fields_)
+    pipe.hincrby(key, "generation", 1)
+    pipe.publish(rollout_channel(release), adapter)
+    _, generation, _ = pipe.execute()
+    return generation
+
+
+def delete_rollout(redis, release: str, adapter: str) -> bool:
+    """Remove the adapter's rollout state and announce it; False when there was none."""
+    pipe = redis.pipeline(transaction=True)
+    pipe.delete(rollout_key(release, adapter))
+    pipe.publish(rollout_channel(release), adapter)
+    deleted, _ = pipe.execute()
+    return bool(deleted)
+
+
+def read_rollout(redis, release: str, adapter: str) -> RolloutState | None:
+    """The adapter's rollout state, or None when it has none. Raises RolloutStateError for
+    a hash that breaks the contract."""
+    key = rollout_key(release, adapter)
+    return _parse_state(key, redis.hgetall(key))
+
+
+def read_all_rollouts(redis, release: str) -> dict[str, RolloutState]:
+    """Every adapter's rollout state: adapter name -> state."""
+    prefix = f"{release}:rollout:"
+    keys = sorted(_text(k) for k in redis.scan_iter(match=prefix + "*", count=1000))
+    pipe = redis.pipeline(transaction=False)
+    for key in keys:
+        pipe.hgetall(key)
+    states = {}
+    for key, raw in zip(keys, pipe.execute() if keys else []):
+        state = _parse_state(key, raw)
+        if state is not None:  # deleted between SCAN and HGETALL
+            states[key[len(prefix):]] = state
+    return states
+
+
+def _parse_state(key: str, raw: dict) -> RolloutState | None:
+    if not raw:
+        return None
+    values = {_text(k): _text(v) for k, v in raw.items()}
+    names = [f.name for f in fields(RolloutState)]
+    missing = [name for name in names if name not in values]
+    if missing:
+        raise RolloutStateError(f"{key}: missing field(s) {', '.join(missing)}")
+    try:
+        values["canary_weight"] = int(values["canary_weight"])
+        values["generation"] = int(values["generation"])
+        values["allow_list"] = json.loads(values["allow_list"])
+    except ValueError as error:
+        raise RolloutStateError(f"{key}: {error}") from error
+    if not isinstance(values["allow_list"], list):
+        raise RolloutStateError(f"{key}: allow_list must be a JSON list, got {values['allow_list']!r}")
+    try:
+        return RolloutState(**{name: values[name] for name in names})
+    except RolloutStateError as error:
+        raise RolloutStateError(f"{key}: {error}") from error
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def adapter_stats_key(release: str, adapter: str, version: str, epoch_second: int) -> str:
+    return f"{release}:adapter_stats:{versioned_name(adapter, version)}:{epoch_second}"
+
+
+def record_version_outcomes(pipe, release: str, adapter: str, version: str, epoch_second: int,
+                            requests: int, errors: int, latencies: list[float]) -> None:
+    """Add the outcomes of requests to one adapter version that finished in `epoch_second`
+    on a Redis pipeline (or client); the caller executes the pipeline. `latencies` are
+    end-to-end seconds, one per request (failed requests may be left out)."""
+    for name, count in (("requests", requests), ("errors", errors)):
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {count!r}")
+    if errors > requests:
+        raise ValueError(f"errors ({errors}) must not exceed requests ({requests})")
+    if isinstance(epoch_second, bool) or not isinstance(epoch_second, int):
+        raise ValueError(f"epoch_second must be an integer, got {epoch_second!r}")
+    if any(not latency >= 0 for latency in latencies):  # also refuses NaN
+        raise ValueError(f"latencies must be non-negative seconds, got {[x for x in latencies if not x >= 0][:3]}")
+    counts = [0] * len(LATENCY_BUCKETS)
+    for latency in latencies:
+        counts[bisect.bisect_left(BUCKET_BOUNDS_S, latency)] += 1  # the first bound >= latency
+    key = adapter_stats_key(release, adapter, version, epoch_second)
+    pipe.hincrby(key, "requests", requests)
+    pipe.hincrby(key, "errors", errors)
+    pipe.hincrbyfloat(key, "latency_s_sum", math.fsum(latencies))
+    for (name, _), count in zip(LATENCY_BUCKETS, counts):
+        if count:
+            pipe.hincrby(key, name, count)
+    pipe.expire(key, ADAPTER_STATS_TTL_S)
+
+
+@dataclass(frozen=True)
+class VersionStats:
+    requests: int
+    errors: int
+    error_rate: float | None  # errors / requests; None without requests
+    p95_latency_s: float | None  # upper bound of the bucket holding the p95 (inf: above 10 s); None: no latencies
+
+
+def p95_upper_bound(histogram: tuple[int, ...]) -> float | None:
+    """The upper bound of the bucket that holds the 95th percentile by nearest rank (the
+    ceil(0.95 n)-th smallest latency), from per-bucket counts in LATENCY_BUCKETS order."""
+    total = sum(histogram)
+    if total == 0:
+        return None
+    rank = (95 * total + 99) // 100  # ceil(0.95 * total) in integers: no rounding at exact multiples
+    seen = 0
+    for (_, bound), count in zip(LATENCY_BUCKETS, histogram):
+        seen += count
+        if seen >= rank:
+            return bound
+    raise AssertionError("unreachable: the running sum reaches the total")
+
+
+def version_stats(redis, release: str, adapter: str, version: str, now: float, window_s: int) -> VersionStats:
+    """The outcomes of one adapter version over the `window_s` complete seconds before `now`
+    (the current second is still being written and is left out)."""
+    if isinstance(window_s, bool) or not isinstance(window_s, int) or not 1 <= window_s <= ADAPTER_STATS_TTL_S:
+        raise ValueError(f"window_s must be an integer from 1 to {ADAPTER_STATS_TTL_S} (the buckets' TTL), "
+                         f"got {window_s!r}")
+    current = math.floor(now)
+    pipe = redis.pipeline(transaction=False)
+    for back in range(1, window_s + 1):
+        pipe.hgetall(adapter_stats_key(release, adapter, version, current - back))
+    requests = errors = 0
+    histogram = [0] * len(LATENCY_BUCKETS)
+    for raw in pipe.execute():
+        bucket = {_text(k): _text(v) for k, v in raw.items()}
+        requests += int(bucket.get("requests", 0))
+        errors += int(bucket.get("errors", 0))
+        for i, (name, _) in enumerate(LATENCY_BUCKETS):
+            histogram[i] += int(bucket.get(name, 0))
+    return VersionStats(requests=requests, errors=errors, error_rate=errors / requests if requests else None,
+                        p95_latency_s=p95_upper_bound(tuple(histogram)))

@@ -1,0 +1,385 @@
+"""The tokenizer the gateway and the engine share, built on the `tokenizers` library alone.
+
+Two sources: a GGUF file's `tokenizer.ggml.*` metadata (rebuilt as a byte-level BPE with the
+pre-tokenizer llama.cpp uses for its `tokenizer.ggml.pre`), or a Hugging Face folder's
+`tokenizer.json` + `tokenizer_config.json`. Chat templates render with jinja2 the way
+transformers renders them. No torch, no transformers: this loads in a fraction of a second.
+"""
+
+import json
+import os
+import warnings
+from datetime import datetime
+from functools import lru_cache
+
+import jinja2
+import jinja2.ext
+import jinja2.sandbox
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
+from tokenizers import Tokenizer as Backend
+
+from common.gguf_file import GGUFError, GGUFFile
+from common.model_source import ModelLoadError, resolve_model
+
+# llama.cpp's token types (tokenizer.ggml.token_type)
+_CONTROL, _USER_DEFINED = 3, 4
+
+# Tokens that end an assistant turn in common chat formats; they stop generation when the chat
+# template writes them, even if the model's eos is a different token.
+_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|end_of_turn|>")
+
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def _gpt2_pre():
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+
+
+def _digits_then_gpt2():
+    # llama.cpp splits every \p{N} character off first, then applies the GPT-2 regex to the rest;
+    # that is StarCoder's (and SmolLM's) tokenizer.json: Digits(individual) + ByteLevel.
+    return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), _gpt2_pre()])
+
+
+def _split_then_bytes(pattern: str):
+    def build():
+        split = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
+        return pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+
+    return build
+
+
+# tokenizer.ggml.pre -> (pre-tokenizer builder, BPE ignore_merges, NFC normalizer)
+_PRE_TOKENIZERS = {
+    "default": (_gpt2_pre, False, False),
+    "gpt-2": (_gpt2_pre, False, False),
+    "gpt2": (_gpt2_pre, False, False),
+    **{
+        name: (_digits_then_gpt2, False, False)
+        for name in ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva")
+    },
+    **{
+        name: (_split_then_bytes(_LLAMA3_SPLIT), True, False)
+        for name in ("llama-bpe", "llama3", "llama-v3", "smaug-bpe", "dbrx", "falcon3", "pixtral")
+    },
+    "qwen2": (_split_then_bytes(_QWEN2_SPLIT), False, True),
+    "deepseek-r1-qwen": (_split_then_bytes(_QWEN2_SPLIT), False, True),
+}
+
+
+@lru_cache(maxsize=1)
+def _byte_spelling() -> dict[int, str]:
+    """GPT-2's byte -> printable character table that byte-level vocabularies are written in."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    spelling, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            spelling[b] = chr(b)
+        else:
+            spelling[b] = chr(256 + extra)
+            extra += 1
+    return spelling
+
+
+def _respell(token: str, alphabet: frozenset) -> str:
+    """A token llama.cpp stored in plain text (e.g. with real spaces) spelled in the byte alphabet."""
+    if set(token) <= alphabet:
+        return token
+    spelling = _byte_spelling()
+    return "".join(spelling[b] for b in token.encode("utf-8"))
+
+
+def _token_content(value) -> str | None:
+    """tokenizer_config.json writes special tokens as strings or as AddedToken dicts."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+def _read_json(path: str) -> dict:
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{path}: unreadable JSON ({e})") from None
+
+
+@lru_cache(maxsize=16)
+def _compile_template(source: str) -> jinja2.Template:
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        # jinja's own tojson escapes HTML characters, which chat templates must not do
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(source)
+
+
+class Tokenizer:
+    """Text <-> token ids, special token ids, and the chat template of one model."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        chat_template: str | None = None,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+        pad_token: str | None = None,
+        unk_token: str | None = None,
+        add_bos_token: bool = False,
+        extra_eos_token_ids: tuple[int, ...] = (),
+    ):
+        self.backend = backend
+        self.chat_template = chat_template
+        self.bos_token, self.eos_token, self.pad_token, self.unk_token = bos_token, eos_token, pad_token, unk_token
+        self.add_bos_token = add_bos_token
+        self.bos_token_id = self.token_to_id(bos_token)
+        self.eos_token_id = self.token_to_id(eos_token)
+        # padded positions are masked, so a model without a pad token pads with its eos
+        self.pad_token_id = self.token_to_id(pad_token) if pad_token is not None else self.eos_token_id
+        self.eos_token_ids = self._stop_ids(extra_eos_token_ids)
+
+    def _stop_ids(self, extra: tuple[int, ...]) -> tuple[int, ...]:
+        ids = [self.eos_token_id, *extra]
+        for token in _END_OF_TURN:
+            if self.chat_template and token in self.chat_template:
+                ids.append(self.token_to_id(token))
+        return tuple(dict.fromkeys(i for i in ids if i is not None))
+
+    # --- construction -----------------------------------------------------------------------
+
+    @classmethod
+    def from_gguf(cls, source: "str | GGUFFile") -> "Tokenizer":
+        """From a GGUF path, or from a GGUFFile already open (the model loader shares its parse)."""
+        path = source.path if isinstance(source, GGUFFile) else str(source)
+        try:
+            md = source.metadata if isinstance(source, GGUFFile) else GGUFFile(path).metadata
+        except GGUFError as e:
+            raise ModelLoadError(str(e)) from None
+        except OSError as e:
+            raise ModelLoadError(f"{path}: cannot read ({e.strerror or e})") from None
+        kind = md.get("tokenizer.ggml.model")
+        if kind != "gpt2":
+            raise ModelLoadError(
+                f"{path}: tokenizer.ggml.model is {kind!r}; only byte-level BPE ('gpt2') GGUF tokenizers are "
+                "supported — use a Hugging Face folder for this model"
+            )
+        tokens = md.get("tokenizer.ggml.tokens")
+        merges = md.get("tokenizer.ggml.merges")
+        if not tokens or merges is None:
+            raise ModelLoadError(f"{path}: GGUF has no tokenizer.ggml.tokens or tokenizer.ggml.merges")
+        types, pre = md.get("tokenizer.ggml.token_type"), md.get("tokenizer.ggml.pre", "default")
+        backend = _byte_level_bpe(tokens, merges, types, pre, path)
+
+        def token(key):
+            i = md.get(f"tokenizer.ggml.{key}")
+            return tokens[i] if i is not None and 0 <= i < len(tokens) else None
+
+        add_bos = bool(md.get("tokenizer.ggml.add_bos_token", False))
+        add_eos = bool(md.get("tokenizer.ggml.add_eos_token", False))
+        backend.post_processor = _post_processor(
+            token("bos_token_id") if add_bos else None, token("eos_token_id") if add_eos else None, backend
+        )
+        return cls(
+            backend,
+            chat_template=md.get("tokenizer.chat_template"),
+            bos_token=token("bos_token_id"),
+            eos_token=token("eos_token_id"),
+            pad_token=token("padding_token_id"),
+            unk_token=token("unknown_token_id"),
+            add_bos_token=add_bos,
+        )
+
+    @classmethod
+    def from_folder(cls, path: str) -> "Tokenizer":
+        tokenizer_json = os.path.join(path, "tokenizer.json")
+        if not os.path.isfile(tokenizer_json):
+            raise ModelLoadError(f"{path}: no tokenizer.json in the folder")
+        try:
+            backend = Backend.from_file(tokenizer_json)
+        except Exception as e:  # the Rust side raises a bare Exception for every parse error
+            raise ModelLoadError(f"{tokenizer_json}: not a valid tokenizer.json ({e})") from None
+        config = _read_json(os.path.join(path, "tokenizer_config.json"))
+        generation = _read_json(os.path.join(path, "generation_config.json"))
+
+        template = config.get("chat_template")
+        if isinstance(template, list):  # named templates: [{"name": "default", "template": "..."}, ...]
+            named = {t.get("name"): t.get("template") for t in template}
+            template = named.get("default") or next(iter(named.values()), None)
+        jinja_file = os.path.join(path, "chat_template.jinja")
+        if os.path.isfile(jinja_file):  # transformers >= 4.50 saves the template beside the config
+            with open(jinja_file, encoding="utf-8") as f:
+                template = f.read()
+
+        eos = generation.get("eos_token_id")
+        extra_eos = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        bos = _token_content(config.get("bos_token"))
+        probe = backend.encode("", add_special_tokens=True).ids
+        return cls(
+            backend,
+            chat_template=template,
+            bos_token=bos,
+            eos_token=_token_content(config.get("eos_token")),
+            pad_token=_token_content(config.get("pad_token")),
+            unk_token=_token_content(config.get("unk_token")),
+            add_bos_token=bool(config.get("add_bos_token", bos is not None and backend.token_to_id(bos) in probe)),
+            extra_eos_token_ids=extra_eos,
+        )
+
+    def save(self, folder: str) -> None:
+        """Write tokenizer.json and tokenizer_config.json, as a Hugging Face model folder has them."""
+        os.makedirs(folder, exist_ok=True)
+        self.backend.save(os.path.join(folder, "tokenizer.json"))
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            "pad_token": self.pad_token,
+            "unk_token": self.unk_token,
+            "add_bos_token": self.add_bos_token,
+            "clean_up_tokenization_spaces": False,
+            "model_max_length": 1 << 30,
+        }
+        if self.chat_template is not None:
+            config["chat_template"] = self.chat_template
+        with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+            json.dump(config, f, indent=2, ensure_ascii=False)
+
+    # --- use ------------------------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def token_to_id(self, token: str | None) -> int | None:
+        return None if token is None else self.backend.token_to_id(token)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`; BOS/EOS only where the model's tokenizer says to add them."""
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
+        if not self.chat_template:
+            raise ValueError("this tokenizer has no chat template")
+        variables = {
+            "bos_token": self.bos_token or "",
+            "eos_token": self.eos_token or "",
+            "pad_token": self.pad_token or "",
+            "unk_token": self.unk_token or "",
+            "tools": None,
+            "documents": None,
+            **kwargs,
+        }
+        return _compile_template(self.chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt, **variables
+        )
+
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> list[int]:
+        """The rendered conversation's ids; the template writes any BOS itself, so none is added."""
+        text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **kwargs)
+        return self.encode(text, add_special_tokens=False)
+
+
+def _byte_level_bpe(tokens: list[str], merges: list[str], types, pre: str | None, path: str) -> Backend:
+    """The BPE a GGUF's vocabulary describes, splitting text the way llama.cpp does for `pre`."""
+    if pre not in _PRE_TOKENIZERS:
+        warnings.warn(f"{path}: unknown tokenizer.ggml.pre {pre!r}; splitting text the GPT-2 way", stacklevel=3)
+    build_pre, ignore_merges, nfc = _PRE_TOKENIZERS.get(pre, _PRE_TOKENIZERS["default"])
+
+    alphabet = frozenset(_byte_spelling().values())
+    vocab = {_respell(token, alphabet): i for i, token in enumerate(tokens)}
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    backend = Backend(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, ignore_merges=ignore_merges))
+    backend.pre_tokenizer = build_pre()
+    backend.decoder = decoders.ByteLevel()
+    if nfc:
+        backend.normalizer = normalizers.NFC()
+    if types is not None:
+        # a control token spelled outside the byte alphabet is a mislabel; adding it would grow the vocabulary
+        special = [t for t, k in zip(tokens, types) if k == _CONTROL and set(t) <= alphabet]
+        user = [t for t, k in zip(tokens, types) if k == _USER_DEFINED and set(t) <= alphabet]
+        backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+        backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
+    return backend
+
+
+def _post_processor(bos: str | None, eos: str | None, backend: Backend):
+    """Adds BOS/EOS around every encoded text, when the GGUF says to."""
+    if bos is None and eos is None:
+        return processors.ByteLevel(trim_offsets=False)
+
+    def sequence(piece: str, type_id: int) -> str:
+        return " ".join(f"{t}:{type_id}" for t in (bos, piece, eos) if t is not None)
+
+    specials = [(t, backend.token_to_id(t)) for t in dict.fromkeys(t for t in (bos, eos) if t is not None)]
+    return processors.TemplateProcessing(
+        single=sequence("$A", 0), pair=f"{sequence('$A', 0)} {sequence('$B', 1)}", special_tokens=specials
+    )
+
+
+class IncrementalDetokenizer:
+    """Turns a stream of token ids into text deltas that never end in a half-written character.
+
+    Keeps two offsets into the ids: text is decoded from `prefix` (a few tokens back, so the
+    decoder sees context such as a leading space) and compared with the text up to `read`; what
+    is new is emitted once it no longer ends in U+FFFD, the mark of an incomplete UTF-8 sequence.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False):
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.ids: list[int] = []
+        self.text = ""
+        self._prefix = 0
+        self._read = 0
+
+    def _decode(self, ids) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        before = self._decode(self.ids[self._prefix : self._read])
+        after = self._decode(self.ids[self._prefix :])
+        if len(after) <= len(before) or after.endswith("\ufffd"):
+            return ""
+        delta = after[len(before) :]
+        self._prefix, self._read = self._read, len(self.ids)
+        self.text += delta
+        return delta
+
+    def finish(self) -> str:
+        """Whatever is still held back (e.g. a stream cut inside a character), as the decoder renders it."""
+        before = self._decode(self.ids[self._prefix : self._read])
+        after = self._decode(self.ids[self._prefix :])
+        delta = after[len(before) :]
+        self._prefix = self._read = len(self.ids)
+        self.text += delta
+        return delta
+
+
+def load_tokenizer(name_or_path: str) -> Tokenizer:
+    """The tokenizer of a model name, GGUF file or HF folder, without reading any weights."""
+    source = resolve_model(name_or_path)
+    if source.kind == "hf":
+        return Tokenizer.from_folder(source.path)
+    return Tokenizer.from_gguf(source.path)

@@ -1,0 +1,101 @@
+"""An asyncio client of the chunker service, for the gateway.
+
+One DEALER socket carries any number of concurrent requests; a single reader task matches
+each ChunkResponse to its caller by request_id.
+
+    client = ChunkerClient("tcp://chunker:5600")
+    document = await client.chunk(text, chunk_size=512, overlap_ratio=0.1, semantic_threshold=0.5,
+                                  traceparent=traceparent)
+    for chunk in document.chunks: ...       # k25_pb2.Chunk: start_char, end_char, start_token, end_token, anchor
+    client.close()
+
+It speaks only the wire contract (proto's ChunkRequest and ChunkResponse), so the gateway
+needs nothing of the chunker's code. A refusal raises ChunkerError with the service's code (e.g. INVALID_ARGUMENT for a document
+above its size limit); no answer within `timeout_s` raises ChunkerError(DEADLINE_EXCEEDED).
+"""
+
+import asyncio
+import logging
+import uuid
+
+import zmq
+import zmq.asyncio
+from google.protobuf.message import DecodeError
+
+from proto import k25_pb2
+
+log = logging.getLogger(__name__)
+
+
+class ChunkerError(Exception):
+    """The chunker refused (code: a k25.v1.ErrorCode name) or could not be reached in time."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class ChunkerClient:
+    def __init__(self, address: str, timeout_s: float = 30.0, sndhwm: int = 5000, rcvhwm: int = 5000):
+        self.address = address
+        self.timeout_s = timeout_s
+        self._context = zmq.asyncio.Context()
+        self._socket = self._context.socket(zmq.DEALER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.SNDHWM, sndhwm)
+        self._socket.setsockopt(zmq.RCVHWM, rcvhwm)
+        self._socket.connect(address)
+        self._pending: dict[str, asyncio.Future] = {}
+        self._reader: asyncio.Task | None = None
+
+    async def chunk(
+        self, text: str, chunk_size: int = 0, overlap_ratio: float | None = None,
+        semantic_threshold: float | None = None, traceparent: str = "", tracestate: str = "",
+    ) -> k25_pb2.ChunkResponse:
+        """The document's chunks; 0 or None parameters take the service's defaults."""
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.create_task(self._read())
+        request_id = uuid.uuid4().hex
+        request = k25_pb2.ChunkRequest(
+            request_id=request_id, text=text, chunk_size=chunk_size, overlap_ratio=overlap_ratio,
+            semantic_threshold=semantic_threshold,
+            trace=k25_pb2.TraceContext(traceparent=traceparent, tracestate=tracestate),
+        )
+        answer = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = answer
+        try:
+            response = await asyncio.wait_for(self._exchange(request.SerializeToString(), answer), self.timeout_s)
+        except asyncio.TimeoutError:
+            raise ChunkerError("DEADLINE_EXCEEDED", f"no answer from the chunker at {self.address} within {self.timeout_s} s") from None
+        finally:
+            self._pending.pop(request_id, None)
+        if response.HasField("error"):
+            raise ChunkerError(k25_pb2.ErrorCode.Name(response.error.code), response.error.message)
+        return response
+
+    async def _exchange(self, payload: bytes, answer: asyncio.Future) -> k25_pb2.ChunkResponse:
+        await self._socket.send(payload)  # waits while this socket's queue is at its high-water mark
+        return await answer
+
+    async def _read(self) -> None:
+        while True:
+            payload = await self._socket.recv()
+            try:
+                response = k25_pb2.ChunkResponse.FromString(payload)
+            except DecodeError:
+                log.warning("ignored a frame from %s that is not a ChunkResponse", self.address)
+                continue
+            answer = self._pending.get(response.request_id)
+            if answer is not None and not answer.done():
+                answer.set_result(response)
+
+    def close(self) -> None:
+        """Fail what is still waiting with CANCELLED and close the socket."""
+        if self._reader is not None:
+            self._reader.cancel()
+        for answer in self._pending.values():
+            if not answer.done():
+                answer.set_exception(ChunkerError("CANCELLED", "the chunker client was closed"))
+        self._socket.close(linger=0)
+        self._context.term()

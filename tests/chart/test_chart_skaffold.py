@@ -1,0 +1,175 @@
+"""skaffold.yaml and the Dockerfiles checked against the tree: what skaffold builds exists,
+what it deploys is this chart with value sets that exist (and render), and the images hold
+every package, run as the user the chart and the operator expect, and write only to /tmp."""
+
+import fnmatch
+import pathlib
+import re
+import subprocess
+import sys
+import tomllib
+
+import pytest
+import yaml
+
+from operators.deployment import ENGINE_UID
+from tests.helpers.helm_chart import CHART, CI_VALUES, RELEASE, helm, of_kind
+
+ROOT = CHART.parent.parent
+SKAFFOLD = yaml.safe_load((ROOT / "skaffold.yaml").read_text())
+# the newest config version (skaffold's pkg/skaffold/schema/latest since skaffold v2.19)
+CURRENT_SCHEMA = "skaffold/v4beta14"
+DOCKERFILES = sorted((ROOT / "docker").glob("*.Dockerfile"))
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def effective(profile: str | None) -> dict:
+    """The config with one profile applied: the profile's fields replace the base's, section by section."""
+    config = {"build": dict(SKAFFOLD["build"]), "deploy": dict(SKAFFOLD["deploy"])}
+    if profile is not None:
+        [found] = [p for p in SKAFFOLD["profiles"] if p["name"] == profile]
+        for section in ("build", "deploy"):
+            config[section].update(found.get(section, {}))
+    return config
+
+
+CONFIGS = [None, *(p["name"] for p in SKAFFOLD["profiles"])]
+
+
+def has_value_path(values: dict, dotted: str) -> bool:
+    node = values
+    for key in dotted.split("."):
+        if not isinstance(node, dict) or key not in node:
+            return False
+        node = node[key]
+    return True
+
+
+def test_skaffold_uses_the_current_schema_and_has_kind_and_gpu_profiles():
+    assert SKAFFOLD["apiVersion"] == CURRENT_SCHEMA and SKAFFOLD["kind"] == "Config"
+    assert {p["name"] for p in SKAFFOLD["profiles"]} == {"kind-cpu", "gpu"}
+    [kind] = [p for p in SKAFFOLD["profiles"] if p["name"] == "kind-cpu"]
+    assert re.fullmatch(kind["activation"][0]["kubeContext"], "kind-k25")  # kind names contexts kind-<cluster>
+
+
+@pytest.mark.parametrize("profile", CONFIGS, ids=lambda p: p or "base")
+def test_every_artifact_has_its_context_and_dockerfile(profile):
+    artifacts = effective(profile)["build"]["artifacts"]
+    assert artifacts
+    for artifact in artifacts:
+        context = ROOT / artifact["context"]
+        assert context.is_dir(), artifact
+        assert (context / artifact["docker"]["dockerfile"]).is_file(), artifact
+
+
+@pytest.mark.parametrize("profile", CONFIGS, ids=lambda p: p or "base")
+def test_the_deploy_installs_this_chart_with_existing_values_and_built_images(profile, tmp_path):
+    config = effective(profile)
+    built = {a["image"].replace("-", "_") for a in config["build"]["artifacts"]}
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    [release] = config["deploy"]["helm"]["releases"]
+    assert (ROOT / release["chartPath"]).resolve() == CHART
+    values_files = [(ROOT / f).resolve() for f in release["valuesFiles"]]
+    assert values_files and all(f in CI_VALUES for f in values_files)  # so the chart tests render them too
+    sets = []
+    for key, template in release["setValueTemplates"].items():
+        assert has_value_path(defaults, key), key
+        [(kind, image)] = re.findall(r"\{\{\.IMAGE_(REPO|TAG)_(\w+)\}\}", template)
+        assert image in built, f"{key} uses {image}, which this config does not build"
+        sets.append(f"{key}={'registry.local/' + image if kind == 'REPO' else 'dev-1'}")
+    # render as skaffold would, with its image values; engines run the image built for them
+    result = helm("template", release["name"], str(CHART), *[a for f in values_files for a in ("--values", str(f))],
+                  *[a for s in sets for a in ("--set", s)])
+    assert result.returncode == 0, result.stderr
+    pools = of_kind([d for d in yaml.safe_load_all(result.stdout) if d], "EnginePool")
+    engine_image = "k25_engine" if "k25_engine" in built else "k25"
+    assert {p["spec"]["image"] for p in pools} == {f"registry.local/{engine_image}:dev-1"}
+    assert release["name"] == RELEASE
+
+
+def test_the_kind_loop_builds_no_cuda_image_and_asks_for_no_gpu():
+    config = effective("kind-cpu")
+    assert [a["docker"]["dockerfile"] for a in config["build"]["artifacts"]] == ["docker/cpu.Dockerfile"]
+    assert config["build"]["local"]["push"] is False
+    values = yaml.safe_load((ROOT / config["deploy"]["helm"]["releases"][0]["valuesFiles"][0]).read_text())
+    assert values["model"] == "tiny-random"
+    assert all(p["nodeType"] == "CPU" and p["gpusPerReplica"] == 0 for p in values["engine"]["pools"])
+
+
+def test_the_gpu_profile_builds_the_cuda_engine_image():
+    dockerfiles = [a["docker"]["dockerfile"] for a in effective("gpu")["build"]["artifacts"]]
+    assert sorted(dockerfiles) == ["docker/cpu.Dockerfile", "docker/engine-cuda.Dockerfile"]
+
+
+# --- Dockerfiles ----------------------------------------------------------------------------
+
+def instructions(dockerfile: pathlib.Path) -> list[tuple[str, str]]:
+    text = re.sub(r"\\\n", " ", dockerfile.read_text())
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line else "") for line in lines]
+
+
+def final_stage(dockerfile: pathlib.Path) -> list[tuple[str, str]]:
+    steps = instructions(dockerfile)
+    last_from = max(i for i, (op, _) in enumerate(steps) if op == "FROM")
+    return steps[last_from:]
+
+
+def docker_ignored(path: str) -> bool:
+    """.dockerignore's rules: the last pattern that matches the path or a parent of it wins."""
+    ignored = False
+    for pattern in (ROOT / ".dockerignore").read_text().splitlines():
+        pattern = pattern.strip()
+        if not pattern or pattern.startswith("#"):
+            continue
+        negate, pattern = pattern.startswith("!"), pattern.lstrip("!").rstrip("/")
+        parts = path.split("/")
+        if any(fnmatch.fnmatch("/".join(parts[:i]), pattern) for i in range(1, len(parts) + 1)):
+            ignored = not negate
+    return ignored
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_the_image_runs_as_the_uid_the_chart_and_operator_expect(dockerfile):
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    [user] = [arg for op, arg in final_stage(dockerfile) if op == "USER"]
+    assert user == f"{ENGINE_UID}:{ENGINE_UID}"  # numeric, so the kubelet can verify runAsNonRoot
+    assert values["podSecurityContext"]["runAsUser"] == ENGINE_UID != 0
+    env = " ".join(arg for op, arg in final_stage(dockerfile) if op == "ENV")
+    assert "HOME=/tmp" in env and "PYTHONDONTWRITEBYTECODE=1" in env  # the root filesystem is read-only
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_the_image_copies_every_package_and_nothing_the_context_leaves_out(dockerfile):
+    copied = [arg.split()[0] for op, arg in instructions(dockerfile) if op == "COPY" and not arg.startswith("--from")]
+    for source in copied:
+        assert (ROOT / source).exists(), source
+        assert not docker_ignored(source), f"{source} is left out of the build context by .dockerignore"
+    packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()
+                and any(fnmatch.fnmatch(p.name, pattern) for pattern in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"])}
+    assert packages <= set(copied)
+    assert {"pyproject.toml", PYPROJECT["project"]["readme"]} <= set(copied)  # setuptools reads both
+
+
+def test_the_dockerignore_keeps_the_virtualenv_and_caches_out():
+    for path in (".venv/bin/python", ".cache/helm/helm", ".git/HEAD", "tests/test_chart_render.py", "k25/__pycache__/cli.pyc"):
+        assert docker_ignored(path), path
+    assert not docker_ignored("engine/model.py")
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_the_images_pin_the_torch_the_makefile_pins_and_install_the_listed_dependencies(dockerfile, tmp_path):
+    makefile_torch = re.search(r"torch==[\d.]+", (ROOT / "Makefile").read_text()).group()
+    runs = " ".join(arg for op, arg in instructions(dockerfile) if op == "RUN")
+    assert makefile_torch in runs
+    [command] = re.findall(r'python -c "([^"]+)"', runs)
+    result = subprocess.run([sys.executable, "-c", command.replace("/src/pyproject.toml", str(ROOT / "pyproject.toml"))],
+                            capture_output=True, text=True, check=True)
+    assert result.stdout.split() == PYPROJECT["project"]["dependencies"]
+
+
+def test_the_cpu_image_takes_torch_from_the_cpu_index_and_the_engine_image_has_a_compiler_for_triton():
+    cpu = " ".join(arg for op, arg in instructions(ROOT / "docker" / "cpu.Dockerfile") if op == "RUN")
+    assert "--index-url https://download.pytorch.org/whl/cpu" in cpu
+    engine = " ".join(arg for op, arg in final_stage(ROOT / "docker" / "engine-cuda.Dockerfile") if op == "RUN")
+    assert "gcc" in engine

@@ -1,0 +1,149 @@
+"""The CRD, examples and RBAC as files: the schema and its CEL rules reject bad specs,
+the examples are valid pools, and the RBAC grants what the operator calls.
+
+No API server runs here: tests/crd_schema.py checks a pool as one would (the schema by
+`jsonschema`, the CEL rules by cel-python, on the spec with the schema's defaults)."""
+
+
+import pytest
+import yaml
+
+from k25.cli import build_parser
+from operators.pool_spec import MAX_CHUNK_PER_GPU, parse_pool_spec
+from tests.helpers.crd_schema import custom_resource_errors, with_defaults
+from tests.helpers.paths import K8S
+
+K8S = K8S
+CRD = yaml.safe_load((K8S / "crds" / "enginepool.yaml").read_text())
+VERSION = CRD["spec"]["versions"][0]
+SPEC_SCHEMA = VERSION["schema"]["openAPIV3Schema"]["properties"]["spec"]
+EXAMPLES = sorted((K8S / "examples").glob("enginepool-*.yaml"))
+VALID = {"nodeType": "H100-80G", "model": "m", "chunkSize": 512}
+
+
+def api_server_accepts(spec: dict) -> list[str]:
+    """What the API server would answer: [] or the reasons for refusing."""
+    pool = {"apiVersion": "k25.io/v1alpha1", "kind": "EnginePool", "metadata": {"name": "p"}, "spec": spec}
+    return custom_resource_errors(pool, CRD)
+
+
+def test_crd_serves_k25_io_v1alpha1_with_status_and_scale():
+    assert CRD["spec"]["group"] == "k25.io" and VERSION["name"] == "v1alpha1"
+    assert VERSION["subresources"]["status"] == {}
+    assert VERSION["subresources"]["scale"] == {"specReplicasPath": ".spec.replicas",
+                                                "statusReplicasPath": ".status.replicas",
+                                                "labelSelectorPath": ".status.selector"}
+
+
+def test_printer_columns_show_node_type_replicas_ready_and_qps():
+    columns = {c["name"]: c["jsonPath"] for c in VERSION["additionalPrinterColumns"]}
+    assert columns["Node Type"] == ".spec.nodeType"
+    assert columns["Replicas"] == ".status.replicas"
+    assert columns["Ready"] == ".status.readyReplicas"
+    assert columns["QPS"] == ".status.observedQPS"
+
+
+def test_a_minimal_spec_is_accepted_with_the_documented_defaults():
+    assert api_server_accepts(VALID) == []
+    spec = with_defaults(SPEC_SCHEMA, VALID)
+    assert (spec["minReplicas"], spec["maxReplicas"], spec["targetQPSPerReplica"]) == (1, 4, 80)
+    assert (spec["scaleUpStabilizationSeconds"], spec["scaleDownStabilizationSeconds"]) == (0, 300)
+
+
+def test_gpus_per_replica_defaults_by_node_type_after_the_api_server_stored_it():
+    """No schema default: a CPU pool applied without gpusPerReplica must not ask for a GPU."""
+    cpu = {"nodeType": "CPU", "model": "tiny-random", "chunkSize": 256}
+    for spec, gpus in ((cpu, 0), (VALID, 1)):
+        assert api_server_accepts(spec) == []
+        assert parse_pool_spec(with_defaults(SPEC_SCHEMA, spec)).gpus_per_replica == gpus
+
+
+@pytest.mark.parametrize("bad, reason", [
+    ({"minReplicas": -1}, "less than the minimum of 0"),
+    ({"maxReplicas": 0}, "less than the minimum of 1"),
+    ({"replicas": -2}, "less than the minimum of 0"),
+    ({"targetQPSPerReplica": 0}, "less than or equal to the minimum of 0"),
+    ({"chunkSize": 0}, "less than the minimum of 1"),
+    ({"minReplicas": 5, "maxReplicas": 2}, "minReplicas must not exceed maxReplicas"),
+    ({"nodeType": "MI300X"}, "maxChunkPerGpu is required"),
+    ({"nodeType": "H100-80G", "gpusPerReplica": 0}, "gpusPerReplica of at least 1"),
+    ({"tolerations": [{"key": "nvidia.com/gpu", "operator": "Maybe"}]}, "not one of"),
+    ({"model": ""}, "should be non-empty"),
+    ({"lora": {}}, "'maxLoras' is a required property"),
+    ({"lora": {"maxLoras": 0}}, "less than the minimum of 1"),
+    ({"lora": {"maxLoras": 16}}, "lora.maxCpuLoras must be at least lora.maxLoras"),  # the default 8
+    ({"lora": {"maxLoras": 2, "maxLoraRank": 0}}, "less than the minimum of 1"),
+    ({"lora": {"maxLoras": 2, "kernel": "cuda"}}, "is not one of ['torch', 'triton']"),
+    ({"lora": {"maxLoras": 2, "adapterRoot": "adapters"}}, "does not match"),
+    ({"lora": {"maxLoras": 2, "adapterRoot": "/adapters/../etc"}}, "does not match"),
+    ({"lora": {"maxLoras": 2, "adapterRoot": "/tmp/adapters"}}, "must not be /tmp, /models or under them"),
+    ({"lora": {"maxLoras": 2, "adapterRoot": "/models"}}, "must not be /tmp, /models or under them"),
+    ({"lora": {"maxLoras": 2, "claimName": "Adapters_PVC"}}, "does not match"),
+    ({"nodeType": "CPU", "gpusPerReplica": 0, "lora": {"maxLoras": 2, "kernel": "triton"}},
+     "lora.kernel triton needs a GPU"),
+])
+def test_bad_specs_are_refused(bad, reason):
+    errors = api_server_accepts({**VALID, **bad})
+    assert any(reason in error for error in errors), errors
+    with pytest.raises(ValueError):  # and the operator refuses them too, on any server
+        parse_pool_spec({**VALID, **bad})
+
+
+def test_lora_is_off_unless_given_and_fills_in_the_engines_defaults():
+    assert "lora" not in with_defaults(SPEC_SCHEMA, VALID) and parse_pool_spec(VALID).lora is None
+    spec = {**VALID, "lora": {"maxLoras": 4, "adapterRoot": "/models-adapters"}}
+    assert api_server_accepts(spec) == []
+    assert with_defaults(SPEC_SCHEMA, spec)["lora"] == {"maxLoras": 4, "maxCpuLoras": 8, "maxLoraRank": 64,
+                                                         "kernel": "torch", "adapterRoot": "/models-adapters"}
+    engine = build_parser().parse_args(["engine"])  # `k25 engine`'s own defaults
+    lora = parse_pool_spec(spec).lora
+    assert (lora.max_cpu_loras, lora.max_lora_rank, lora.kernel) == (
+        engine.max_cpu_loras, engine.max_lora_rank, engine.lora_kernel)
+
+
+def test_an_unknown_node_type_is_fine_with_an_explicit_max_chunk_per_gpu():
+    assert api_server_accepts({**VALID, "nodeType": "MI300X", "maxChunkPerGpu": 12}) == []
+    assert parse_pool_spec({**VALID, "nodeType": "MI300X", "maxChunkPerGpu": 12}).max_chunk_per_gpu == 12
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_examples_are_valid_gpu_pools(path):
+    pool = yaml.safe_load(path.read_text())
+    assert (pool["apiVersion"], pool["kind"]) == ("k25.io/v1alpha1", "EnginePool")
+    assert api_server_accepts(pool["spec"]) == []
+    spec = parse_pool_spec(pool["spec"])
+    assert spec.max_chunk_per_gpu == MAX_CHUNK_PER_GPU[spec.node_type]
+    assert set(spec.node_selector) == {"nvidia.com/gpu.product"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec.tolerations
+    assert spec.gpus_per_replica >= 1
+
+
+def test_the_examples_cover_the_three_node_types():
+    types_ = {yaml.safe_load(p.read_text())["spec"]["nodeType"]: yaml.safe_load(p.read_text())["spec"]["maxChunkPerGpu"]
+              for p in EXAMPLES}
+    assert types_ == {"A100-40G": 2, "A100-80G": 4, "H100-80G": 8}
+
+
+def test_the_rollout_examples_pools_are_example_pools_that_load_adapters():
+    pools = {yaml.safe_load(p.read_text())["metadata"]["name"]: parse_pool_spec(yaml.safe_load(p.read_text())["spec"])
+             for p in EXAMPLES}
+    rollouts = [yaml.safe_load(p.read_text()) for p in sorted((K8S / "examples").glob("adapterrollout-*.yaml"))]
+    assert rollouts
+    for rollout in rollouts:
+        assert pools[rollout["spec"]["pool"]].lora is not None, rollout["metadata"]["name"]
+
+
+def test_rbac_grants_what_the_operator_calls_and_nothing_broad():
+    documents = list(yaml.safe_load_all((K8S / "rbac" / "operator.yaml").read_text()))
+    rules = next(d for d in documents if d["kind"] == "ClusterRole")["rules"]
+    granted = {(group, resource, verb) for rule in rules for group in rule["apiGroups"]
+               for resource in rule["resources"] for verb in rule["verbs"]}
+    used = {("k25.io", "enginepools", "watch"), ("k25.io", "enginepools", "patch"),
+            ("k25.io", "enginepools/status", "patch"), ("k25.io", "adapterrollouts", "watch"),
+            ("k25.io", "adapterrollouts", "patch"), ("k25.io", "adapterrollouts/status", "patch"),
+            ("apps", "deployments", "create"),
+            ("apps", "deployments", "get"), ("apps", "deployments", "patch"), ("apps", "deployments", "delete"),
+            ("apps", "deployments/scale", "patch"), ("", "pods", "list"), ("kopf.dev", "clusterkopfpeerings", "patch")}
+    assert used <= granted
+    assert not any("*" in (rule["verbs"] + rule["resources"] + rule["apiGroups"]) for rule in rules)
+    assert not any(resource == "secrets" for _, resource, _ in granted)

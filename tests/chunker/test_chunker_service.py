@@ -1,0 +1,280 @@
+"""`k25 chunker` as a real process, reached over real ZMQ sockets and by the asyncio client."""
+
+import asyncio
+import os
+import pathlib
+import random
+import subprocess
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass
+
+import pytest
+import zmq
+from prometheus_client.parser import text_string_to_metric_families
+
+from common.tokenizer import load_tokenizer
+from proto import k25_pb2
+from services.chunker.boundaries import ChunkParams
+from services.chunker.chunker import Chunker
+from services.chunker.wire import build_request
+from services.gateway.chunker_client import ChunkerClient, ChunkerError
+from tests.helpers.engine_process import K25, dealer, wait_until
+from tests.helpers.paths import CONTRACTS
+from tests.helpers.redis_server import free_port
+
+pytestmark = pytest.mark.slow  # starts real processes
+
+CONTRACTS = CONTRACTS
+MAX_DOCUMENT_BYTES = 20_000
+DEFAULTS = ChunkParams(chunk_size=128, overlap_ratio=0.2, semantic_threshold=0.5)
+
+
+@dataclass
+class ChunkerProcess:
+    process: subprocess.Popen
+    zmq_port: int
+    metrics_port: int
+    log_path: pathlib.Path
+
+    @property
+    def address(self) -> str:
+        return f"tcp://127.0.0.1:{self.zmq_port}"
+
+    def metrics(self) -> dict[tuple[str, tuple], float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+
+def start_chunker(log_path: pathlib.Path, timeout_s: float = 60) -> ChunkerProcess:
+    """Start `k25 chunker` and return once its /metrics answers (it has bound its ZMQ port by then)."""
+    zmq_port, metrics_port = free_port(), free_port()
+    with open(log_path, "w") as log:  # a file, not a pipe that nobody reads
+        process = subprocess.Popen(
+            [
+                *K25, "chunker", "--zmq-port", str(zmq_port), "--metrics-port", str(metrics_port),
+                "--max-document-bytes", str(MAX_DOCUMENT_BYTES), "--chunk-size", str(DEFAULTS.chunk_size),
+                "--overlap-ratio", str(DEFAULTS.overlap_ratio), "--semantic-threshold", str(DEFAULTS.semantic_threshold),
+            ],
+            stdout=log, stderr=subprocess.STDOUT, env=os.environ | {"PYTHONWARNINGS": "ignore"},
+        )
+    handle = ChunkerProcess(process, zmq_port, metrics_port, log_path)
+
+    def serving() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"k25 chunker exited:\n{handle.log()}")
+        try:
+            return bool(handle.metrics())
+        except OSError:
+            return False
+
+    wait_until(serving, timeout_s, what="k25 chunker serving /metrics")
+    return handle
+
+
+@pytest.fixture(scope="module")
+def chunker(tmp_path_factory):
+    handle = start_chunker(tmp_path_factory.mktemp("chunker") / "chunker.log")
+    yield handle
+    handle.process.terminate()
+    handle.process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def library():
+    return Chunker(load_tokenizer("smollm2-135m"))
+
+
+def ask(socket: zmq.Socket, request: k25_pb2.ChunkRequest, timeout_s: float = 30) -> k25_pb2.ChunkResponse:
+    socket.send(request.SerializeToString())
+    return receive(socket, timeout_s)
+
+
+def receive(socket: zmq.Socket, timeout_s: float = 30) -> k25_pb2.ChunkResponse:
+    if not socket.poll(int(timeout_s * 1000), zmq.POLLIN):
+        raise TimeoutError(f"no answer from the chunker within {timeout_s} s")
+    return k25_pb2.ChunkResponse.FromString(socket.recv())
+
+
+def contract(name: str) -> str:
+    return (CONTRACTS / name).read_text(encoding="utf-8")
+
+
+def spans(response_or_document) -> list[tuple[int, int, int, int, str]]:
+    return [(c.start_char, c.end_char, c.start_token, c.end_token, c.anchor) for c in response_or_document.chunks]
+
+
+def test_answers_what_the_library_computes(chunker, library):
+    text = contract("zh_equity_transfer.txt")
+    client = dealer(chunker.address)
+    response = ask(client, build_request("r1", text, 256, 0.1, 0.5, traceparent="00-" + "a" * 32 + "-" + "b" * 16 + "-01"))
+    client.close()
+    expected = library.chunk(text, ChunkParams(256, 0.1, 0.5))
+    assert not response.HasField("error")
+    assert response.request_id == "r1" and response.total_tokens == expected.total_tokens
+    assert spans(response) == spans(expected)
+
+
+def test_unset_fields_take_the_service_defaults(chunker, library):
+    text = contract("en_10k_risk_factors.txt")
+    client = dealer(chunker.address)
+    defaulted = ask(client, build_request("d", text))
+    no_overlap = ask(client, build_request("z", text, overlap_ratio=0.0))
+    client.close()
+    assert spans(defaulted) == spans(library.chunk(text, DEFAULTS))
+    assert max(c.end_token - c.start_token for c in defaulted.chunks) <= DEFAULTS.chunk_size
+    starts_and_ends = list(zip(no_overlap.chunks[1:], no_overlap.chunks))
+    assert all(after.start_token == before.end_token for after, before in starts_and_ends)
+
+
+def malformed_frames(count: int):
+    """Frames that are not one valid ChunkRequest, of every kind the service must survive."""
+    rng = random.Random(0)
+    kinds = [
+        lambda: [rng.randbytes(rng.randrange(1, 64))],  # random bytes
+        lambda: [b"\x00" + rng.randbytes(rng.randrange(0, 32))],  # field number 0 never parses
+        lambda: [b""],  # parses as an empty request: no request_id
+        lambda: [build_request("", "text without an id").SerializeToString()],
+        lambda: [build_request("two", "x").SerializeToString(), b"second frame"],
+        lambda: [build_request(uuid.uuid4().hex, "x", chunk_size=3).SerializeToString()],
+        lambda: [build_request(uuid.uuid4().hex, "x", overlap_ratio=float("nan")).SerializeToString()],
+        lambda: [b"\x0a\x01r\x12\x02\xc3\x28"],  # request_id "r", text with invalid UTF-8
+    ]
+    for i in range(count):
+        yield kinds[i % len(kinds)]()
+
+
+def test_a_thousand_malformed_frames_are_each_answered_and_the_service_keeps_serving(chunker):
+    client = dealer(chunker.address)
+    before = chunker.metrics().get(("k25_chunker_requests_total", (("outcome", "INVALID_ARGUMENT"),)), 0)
+    for frames in malformed_frames(1000):
+        client.send_multipart(frames)
+    answers = [receive(client) for _ in range(1000)]
+    assert all(a.error.code == k25_pb2.INVALID_ARGUMENT and a.error.message for a in answers)
+    assert sum(a.error.message.startswith("expected one ChunkRequest frame") for a in answers) == 125
+
+    fine = ask(client, build_request("after", "第一条 总则。"))
+    client.close()
+    assert not fine.HasField("error") and fine.request_id == "after" and len(fine.chunks) == 1
+    after = chunker.metrics()[("k25_chunker_requests_total", (("outcome", "INVALID_ARGUMENT"),))]
+    assert after - before == 1000
+    assert chunker.process.poll() is None
+
+
+def test_documents_over_the_limit_are_refused_by_their_utf8_size(chunker):
+    client = dealer(chunker.address)
+    at_limit = ask(client, build_request("ok", "a" * MAX_DOCUMENT_BYTES))
+    # 6,667 characters, but 20,001 UTF-8 bytes
+    over = ask(client, build_request("big", "条" * 6667))
+    client.close()
+    assert not at_limit.HasField("error") and at_limit.chunks
+    assert over.request_id == "big" and over.error.code == k25_pb2.INVALID_ARGUMENT
+    assert "20001 bytes" in over.error.message and f"at most {MAX_DOCUMENT_BYTES}" in over.error.message
+    assert "--max-document-bytes" in over.error.message
+    assert not over.chunks  # nothing half-written
+
+
+def test_a_frame_beyond_the_frame_limit_is_dropped_and_the_service_keeps_serving(chunker):
+    client = dealer(chunker.address)
+    client.send(build_request("huge", "x" * (4 * MAX_DOCUMENT_BYTES + (64 << 10))).SerializeToString())
+    with pytest.raises(TimeoutError):
+        receive(client, timeout_s=1)
+    again = ask(client, build_request("again", "第二条 定义。"))
+    client.close()
+    assert again.request_id == "again" and not again.HasField("error")
+
+
+def test_metrics_count_requests_documents_chunks_and_tokens(chunker):
+    before = chunker.metrics()
+    client = dealer(chunker.address)
+    response = ask(client, build_request("m", contract("zh_data_security_rules.txt"), 256))
+    client.close()
+    after = chunker.metrics()
+
+    def delta(name: str, labels=()) -> float:
+        return after.get((name, labels), 0) - before.get((name, labels), 0)
+
+    assert delta("k25_chunker_requests_total", (("outcome", "ok"),)) == 1
+    assert delta("k25_chunker_chunks_total") == len(response.chunks)
+    assert delta("k25_chunker_tokens_total") == response.total_tokens
+    assert delta("k25_chunker_request_duration_seconds_count") == 1
+    assert delta("k25_chunker_document_bytes_sum") == len(contract("zh_data_security_rules.txt").encode())
+
+
+# --- the asyncio client -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_client_runs_concurrent_requests_and_matches_each_answer(chunker, library):
+    names = sorted(p.name for p in CONTRACTS.glob("*.txt"))
+    requests = [(contract(name), size) for name in names for size in (64, 256, 512)]
+    client = ChunkerClient(chunker.address)
+    try:
+        documents = await asyncio.gather(
+            *(client.chunk(text, size, 0.1, 0.5, traceparent="00-" + "c" * 32 + "-" + "d" * 16 + "-01") for text, size in requests)
+        )
+    finally:
+        client.close()
+    for (text, size), document in zip(requests, documents):
+        assert spans(document) == spans(library.chunk(text, ChunkParams(size, 0.1, 0.5)))
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "text, kwargs, fragment",
+    [
+        ("条" * 6667, {}, "--max-document-bytes"),
+        ("第一条", {"chunk_size": 4}, "chunk_size must be between"),
+        ("第一条", {"semantic_threshold": 3.0}, "semantic_threshold must be between"),
+    ],
+)
+async def test_client_raises_the_services_refusals(chunker, text, kwargs, fragment):
+    client = ChunkerClient(chunker.address)
+    try:
+        with pytest.raises(ChunkerError) as info:
+            await client.chunk(text, **kwargs)
+    finally:
+        client.close()
+    assert info.value.code == "INVALID_ARGUMENT" and fragment in info.value.message
+
+
+@pytest.mark.asyncio
+async def test_client_times_out_with_deadline_exceeded_when_nobody_answers():
+    client = ChunkerClient(f"tcp://127.0.0.1:{free_port()}", timeout_s=0.3)
+    started = time.monotonic()
+    try:
+        with pytest.raises(ChunkerError) as info:
+            await client.chunk("第一条 总则")
+    finally:
+        client.close()
+    assert info.value.code == "DEADLINE_EXCEEDED" and 0.3 <= time.monotonic() - started < 5
+
+
+@pytest.mark.asyncio
+async def test_closing_the_client_cancels_what_waits():
+    client = ChunkerClient(f"tcp://127.0.0.1:{free_port()}", timeout_s=30)
+    waiting = asyncio.create_task(client.chunk("第一条 总则"))
+    await asyncio.sleep(0.1)
+    client.close()
+    with pytest.raises(ChunkerError) as info:
+        await waiting
+    assert info.value.code == "CANCELLED"
+
+
+def test_sigterm_stops_the_service_cleanly(tmp_path):
+    handle = start_chunker(tmp_path / "chunker.log")
+    client = dealer(handle.address)
+    assert not ask(client, build_request("before", "第一条 总则。")).HasField("error")
+    client.close()
+    handle.process.terminate()
+    assert handle.process.wait(timeout=30) == 0
+    assert "chunker shutting down" in handle.log() and "Traceback" not in handle.log()

@@ -1,0 +1,214 @@
+"""`k25 engine` as a real process: real DEALER sockets, a private Redis, its /metrics.
+
+One engine (tiny-random) serves every test of this module."""
+
+import subprocess
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from common.redis_keys import live_engines
+from engine.base.config import EngineConfig
+from engine.engine import LLMEngine
+from engine.offline import generate
+from engine.sampling_params import SamplingParams
+from proto import k25_pb2
+from tests.helpers.engine_frames import malformed_frames
+from tests.helpers.engine_process import (
+    K25,
+    RELEASE,
+    dealer,
+    generate_message,
+    receive,
+    receive_until_done,
+    send,
+    start_engine,
+    wait_until,
+)
+from tests.helpers.redis_server import module_redis_url  # noqa: F401 (fixture)
+
+CHUNK = 32
+MAX_CHUNKS = 64  # KV for 2,048 tokens: room for a long request to cancel
+
+
+@pytest.fixture(scope="module")
+def engine(module_redis_url, tmp_path_factory):
+    handle = start_engine(
+        module_redis_url, str(tmp_path_factory.mktemp("engine") / "engine.log"),
+        "--model", "tiny-random", "--chunk-size", str(CHUNK), "--max-chunk-per-gpu", str(MAX_CHUNKS), "--pool", "short",
+    )
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture
+def client(engine):
+    socket = dealer(engine.address)
+    yield socket
+    socket.close()
+
+
+@pytest.fixture(scope="module")
+def prompt(tiny_model) -> list[int]:
+    return tiny_model.tokenizer.encode("The contract says that the tenant")
+
+
+def scrape(engine) -> dict[str, float]:
+    """Every sample on /metrics: 'name{label="v",...}' (or bare name) -> value."""
+    text = urllib.request.urlopen(engine.metrics_url, timeout=10).read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return samples
+
+
+def kinds(messages) -> list[str]:
+    return [m.WhichOneof("kind") for m in messages]
+
+
+def test_greedy_request_streams_deltas_then_a_final_equal_to_the_in_process_engine(engine, client, tiny_model, prompt):
+    local = LLMEngine(tiny_model, EngineConfig(chunk_size=CHUNK, max_chunk_per_gpu=MAX_CHUNKS))
+    (expected,) = generate(local, [prompt], SamplingParams(max_tokens=24))
+
+    message = generate_message(prompt, CHUNK, tiny_model.tokenizer.pad_token_id, max_tokens=24)
+    send(client, message)
+    messages = receive_until_done(client, message.generate.request_id)
+
+    assert kinds(messages)[-1] == "final" and set(kinds(messages)[:-1]) == {"delta"}
+    tokens = [t for m in messages[:-1] for t in m.delta.token_ids]
+    assert tokens == expected.token_ids
+    assert "".join(m.delta.text for m in messages[:-1]) == expected.text
+    final = messages[-1].final
+    assert final.finish_reason == k25_pb2.FinishReason.Value(expected.finish_reason.name)
+    assert (final.usage.prompt_tokens, final.usage.completion_tokens) == (len(prompt), len(expected.token_ids))
+    assert final.usage.pad_tokens == message.generate.pad_length
+
+
+@pytest.mark.parametrize("padded_for", [CHUNK + 16, CHUNK * 2])
+def test_a_request_padded_for_another_chunk_size_is_refused(client, tiny_model, prompt, padded_for):
+    message = generate_message(prompt, padded_for, tiny_model.tokenizer.pad_token_id, max_tokens=4)
+    send(client, message)
+    (reply,) = receive_until_done(client, message.generate.request_id)
+    assert reply.error.code == k25_pb2.CHUNK_SIZE_MISMATCH
+    assert str(CHUNK) in reply.error.message
+
+
+def test_a_padded_length_that_is_not_a_multiple_of_the_chunk_size_is_refused(client, prompt):
+    message = generate_message(prompt, CHUNK, max_tokens=4)
+    message.generate.prompt_token_ids.append(0)  # one pad too many
+    message.generate.pad_length += 1
+    send(client, message)
+    (reply,) = receive_until_done(client, message.generate.request_id)
+    assert reply.error.code == k25_pb2.CHUNK_SIZE_MISMATCH
+
+
+def test_an_adapter_that_is_not_loaded_is_refused(client, prompt):
+    message = generate_message(prompt, CHUNK, max_tokens=4)
+    message.generate.adapter.name = "contracts"
+    send(client, message)
+    (reply,) = receive_until_done(client, message.generate.request_id)
+    assert reply.error.code == k25_pb2.ADAPTER_NOT_FOUND
+
+
+def test_cancel_mid_stream_ends_the_request_and_frees_its_kv(engine, client, prompt):
+    message = generate_message(prompt, CHUNK, max_tokens=1500, ignore_eos=True)
+    request_id = message.generate.request_id
+    send(client, message)
+    first = receive(client)
+    assert first.WhichOneof("kind") == "delta" and first.delta.request_id == request_id
+    wait_until(lambda: scrape(engine)["k25_engine_kv_usage_ratio"] > 0, what="KV in use on /metrics")
+    wait_until(lambda: engine.registry_entry()["free_kv_fraction"] < 1.0, what="KV in use in the heartbeat")
+
+    send(client, k25_pb2.ClientMessage(cancel=k25_pb2.CancelRequest(request_id=request_id)))
+    messages = receive_until_done(client, request_id)
+
+    final = messages[-1].final
+    assert final.finish_reason == k25_pb2.ABORT
+    assert final.usage.completion_tokens < 1500
+    wait_until(lambda: scrape(engine)["k25_engine_kv_usage_ratio"] == 0, what="KV freed on /metrics")
+    wait_until(lambda: engine.registry_entry()["free_kv_fraction"] == 1.0, what="KV freed in the heartbeat")
+    assert scrape(engine)['k25_engine_requests_finished_total{finish_reason="abort"}'] >= 1
+
+
+def test_a_peer_that_disconnects_mid_stream_has_its_requests_aborted(engine, prompt):
+    gone = dealer(engine.address)
+    message = generate_message(prompt, CHUNK, max_tokens=1500, ignore_eos=True)
+    send(gone, message)
+    assert receive(gone).delta.request_id == message.generate.request_id
+    wait_until(lambda: scrape(engine)["k25_engine_kv_usage_ratio"] > 0, what="KV in use while the request runs")
+    gone.close()  # no cancel: the engine finds out when its next send has nowhere to go
+
+    def idle(samples):
+        return samples["k25_engine_kv_usage_ratio"] == 0 and samples["k25_engine_running_requests"] == 0
+
+    wait_until(lambda: idle(scrape(engine)), what="KV freed and nothing running after the peer left")
+
+
+def test_a_cancel_for_an_unknown_request_is_ignored(client, prompt):
+    send(client, k25_pb2.ClientMessage(cancel=k25_pb2.CancelRequest(request_id="never-sent")))
+    message = generate_message(prompt, CHUNK, max_tokens=2)
+    send(client, message)
+    messages = receive_until_done(client, message.generate.request_id)
+    assert kinds(messages)[-1] == "final"
+
+
+def test_a_thousand_malformed_frames_are_answered_and_the_engine_keeps_serving(engine, client, prompt):
+    for frames in malformed_frames(prompt, 1000):
+        client.send_multipart(frames)
+    good = generate_message(prompt, CHUNK, max_tokens=3)
+    send(client, good)
+
+    # the engine answers frames in order: 1,000 errors, then the good request's stream
+    errors = [receive(client) for _ in range(1000)]
+    assert {e.WhichOneof("kind") for e in errors} == {"error"}
+    assert {e.error.code for e in errors} == {k25_pb2.INVALID_ARGUMENT}
+    messages = receive_until_done(client, good.generate.request_id)
+    assert messages[-1].final.finish_reason == k25_pb2.LENGTH
+    assert engine.process.poll() is None
+
+
+def test_the_heartbeat_registers_the_engine_with_its_facts_and_a_ttl(engine):
+    entry = engine.registry_entry()
+    assert entry["address"] == f"127.0.0.1:{engine.zmq_port}"
+    assert (entry["pool"], entry["node_type"], entry["model"]) == ("short", "cpu", "tiny-random")
+    assert (entry["chunk_size"], entry["max_chunk_per_gpu"], entry["capacity_tokens"]) == (CHUNK, MAX_CHUNKS, CHUNK * MAX_CHUNKS)
+    assert 0.0 <= entry["free_kv_fraction"] <= 1.0
+    assert isinstance(entry["running"], int) and isinstance(entry["waiting"], int)
+    assert entry["adapters"] == []
+    assert 0 < engine.redis.pttl(engine.registry_key) <= 5000
+    assert live_engines(engine.redis, RELEASE)[engine.engine_id]["address"] == entry["address"]
+
+
+def test_metrics_serve_the_engine_families(engine):
+    names = {name.split("{")[0] for name in scrape(engine)}
+    for expected in [
+        "k25_engine_running_requests",
+        "k25_engine_waiting_requests",
+        "k25_engine_kv_usage_ratio",
+        "k25_engine_time_to_first_token_seconds_bucket",
+        "k25_engine_inter_token_latency_seconds_bucket",
+        "k25_engine_request_duration_seconds_count",
+        "k25_engine_preemptions_total",
+    ]:
+        assert expected in names
+
+
+def test_a_second_engine_on_a_taken_port_exits_with_a_message(engine, module_redis_url):
+    result = subprocess.run(
+        [*K25, "engine", "--model", "tiny-random", "--chunk-size", str(CHUNK), "--max-chunk-per-gpu", str(MAX_CHUNKS),
+         "--zmq-port", str(engine.zmq_port), "--metrics-port", "0", "--redis-url", module_redis_url],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2
+    assert f"cannot listen on ZMQ port {engine.zmq_port}" in result.stderr
+
+
+def test_help_lists_the_flags():
+    result = subprocess.run([*K25, "engine", "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0
+    for flag in ["--model", "--chunk-size", "--max-chunk-per-gpu", "--node-type", "--pool", "--zmq-port", "--metrics-port",
+                 "--redis-url", "--release", "--advertise-host", "--sndhwm", "--rcvhwm", "--linger-ms"]:
+        assert flag in result.stdout

@@ -1,0 +1,139 @@
+"""Block manager and scheduler properties, driven without a model: a step 'computes' the
+scheduled tokens and appends one fake output token to every sequence that reached its end."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.block_manager import BlockManager
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence, SequenceStatus
+
+
+def make_seq(prompt_len: int, max_tokens: int, name: str) -> Sequence:
+    return Sequence(name, list(range(prompt_len)), SamplingParams(max_tokens=max_tokens))
+
+
+def check_block_invariants(scheduler: Scheduler) -> None:
+    bm = scheduler.block_manager
+    owned = [b for s in scheduler.running + scheduler.waiting for b in s.block_table]
+    assert len(owned) == len(set(owned)), "a block is owned twice"
+    assert len(owned) + bm.num_free_blocks == bm.num_blocks, "a block leaked"
+    for seq in scheduler.waiting:
+        assert seq.block_table == [] or seq.num_computed_tokens > 0
+
+
+def run_step(scheduler: Scheduler) -> list[Sequence]:
+    """One fake engine step; returns sequences that finished."""
+    batch = scheduler.schedule()
+    assert batch.num_tokens <= scheduler.max_num_batched_tokens
+    assert len(scheduler.running) <= scheduler.max_num_seqs
+    seen = [s for s, _ in batch.items]
+    assert len(seen) == len(set(map(id, seen))), "a sequence scheduled twice in one step"
+    finished = []
+    for seq, n in batch.items:
+        assert n >= 1
+        seq.num_computed_tokens += n
+        assert scheduler.block_manager.blocks_for(seq.num_computed_tokens) <= len(seq.block_table)
+        if seq.num_computed_tokens == seq.num_tokens:
+            seq.output_token_ids.append(7)
+            if len(seq.output_token_ids) >= seq.sampling.max_tokens:
+                scheduler.finish(seq)
+                finished.append(seq)
+    check_block_invariants(scheduler)
+    return finished
+
+
+requests = st.lists(
+    st.tuples(st.integers(1, 120), st.integers(1, 40), st.integers(0, 6)),  # prompt, max_tokens, arrival step
+    min_size=1,
+    max_size=14,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    reqs=requests,
+    num_blocks=st.integers(10, 40),
+    block_size=st.sampled_from([4, 8, 16]),
+    budget=st.integers(1, 96),
+    max_seqs=st.integers(1, 8),
+    aborts=st.lists(st.tuples(st.integers(0, 13), st.integers(0, 60)), max_size=4),
+)
+def test_every_request_finishes_and_every_block_comes_back(reqs, num_blocks, block_size, budget, max_seqs, aborts):
+    capacity = num_blocks * block_size
+    bm = BlockManager(num_blocks, block_size)
+    scheduler = Scheduler(bm, budget, max_seqs)
+    # every request fits the cache on its own (the engine refuses the others at admission)
+    fitting = [(f"r{i}", p, m, a) for i, (p, m, a) in enumerate(reqs) if p + m <= capacity]
+    seqs = [make_seq(p, m, name) for name, p, m, _ in fitting]
+    arrivals = {name: a for name, _, _, a in fitting}
+    abort_at = {f"r{i}": step for i, step in aborts}
+    done = set()
+    for step in range(5000):
+        for s in seqs:
+            if arrivals[s.request_id] == step:
+                scheduler.add(s)
+        for s in seqs:
+            if abort_at.get(s.request_id) == step and s.status is not SequenceStatus.FINISHED and arrivals[s.request_id] <= step:
+                scheduler.finish(s)
+                done.add(s.request_id)
+        done |= {s.request_id for s in run_step(scheduler)}
+        if len(done) == len(seqs) and step > 6:
+            break
+    assert done == {s.request_id for s in seqs}, "some request never finished (starvation or deadlock)"
+    assert bm.num_free_blocks == num_blocks
+    for s in seqs:
+        if s.request_id not in abort_at:
+            assert len(s.output_token_ids) == s.sampling.max_tokens
+
+
+def test_decodes_are_scheduled_before_prefill_chunks():
+    scheduler = Scheduler(BlockManager(64, 16), max_num_batched_tokens=40, max_num_seqs=8)
+    first = make_seq(10, 5, "first")
+    scheduler.add(first)
+    run_step(scheduler)  # first prefills whole and samples
+    scheduler.add(make_seq(200, 5, "long"))
+    batch = scheduler.schedule()
+    assert [(s.request_id, n) for s, n in batch.items] == [("first", 1), ("long", 39)]
+
+
+def test_preemption_frees_blocks_and_recomputes_later_arrival():
+    # 6 blocks of 4 tokens: two sequences of 6 prompt tokens fit, but not both growing to 14
+    scheduler = Scheduler(BlockManager(6, 4), max_num_batched_tokens=64, max_num_seqs=4)
+    early, late = make_seq(6, 8, "early"), make_seq(6, 8, "late")
+    scheduler.add(early)
+    scheduler.add(late)
+    preempted = []
+    for _ in range(40):
+        batch = scheduler.schedule()
+        preempted += [s.request_id for s in batch.preempted]
+        for seq, n in batch.items:
+            seq.num_computed_tokens += n
+            if seq.num_computed_tokens == seq.num_tokens:
+                seq.output_token_ids.append(1)
+                if len(seq.output_token_ids) == 8:
+                    scheduler.finish(seq)
+        check_block_invariants(scheduler)
+        if not scheduler.num_unfinished:
+            break
+    assert preempted and set(preempted) == {"late"}
+    assert late.preemptions >= 1 and len(late.output_token_ids) == 8
+    assert scheduler.block_manager.num_free_blocks == 6
+
+
+def test_block_manager_refuses_to_overcommit():
+    bm = BlockManager(2, 4)
+    table: list[int] = []
+    assert bm.can_grow(table, 8) and not bm.can_grow(table, 9)
+    bm.grow(table, 8)
+    assert bm.usage == 1.0
+    try:
+        bm.grow([], 1)
+    except RuntimeError as e:
+        assert "can_grow" in str(e)
+    else:
+        raise AssertionError("grow past capacity must raise")
+    assert bm.slot(table, 5) == table[1] * 4 + 1
+    bm.release(table)
+    assert table == [] and bm.num_free_blocks == 2

@@ -1,0 +1,82 @@
+"""Which adapter version a request gets: placement by a stable hash, allow-lists, pinning."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from common.rollout_keys import PROGRESSING, RolloutState
+from services.gateway.canary import CANARY, PINNED, STABLE, AdapterChoice, UnknownModel, choose_adapter, place, user_bucket
+
+SHA = "a" * 64
+
+
+def rollout(weight: int, allow=()) -> RolloutState:
+    return RolloutState("v1", "legal/v1", SHA, "v2", "legal/v2", SHA, weight, tuple(allow), PROGRESSING)
+
+
+USERS = [f"user-{i}" for i in range(5000)]
+
+
+def test_buckets_are_stable_and_spread_evenly():
+    assert user_bucket("legal", "alice") == user_bucket("legal", "alice")
+    counts = [0] * 100
+    for user in USERS:
+        counts[user_bucket("legal", user)] += 1
+    assert min(counts) > 20 and max(counts) < 85  # 50 expected in each
+
+
+@pytest.mark.parametrize("weight", [0, 5, 20, 50, 100])
+def test_the_canary_share_follows_the_weight(weight):
+    on_canary = sum(place("legal", rollout(weight), u).group == CANARY for u in USERS)
+    assert abs(on_canary / len(USERS) - weight / 100) < 0.03
+
+
+@given(st.integers(0, 100), st.integers(0, 100), st.text(min_size=1, max_size=20))
+def test_raising_the_weight_never_moves_a_user_back_to_stable(low, high, user):
+    low, high = min(low, high), max(low, high)
+    if place("legal", rollout(low), user).group == CANARY:
+        assert place("legal", rollout(high), user).group == CANARY
+
+
+def test_allow_listed_users_always_get_the_canary():
+    assert place("legal", rollout(0, allow=["qa-bot"]), "qa-bot") == AdapterChoice("legal", "v2", CANARY)
+
+
+def test_without_a_canary_everyone_gets_stable():
+    state = RolloutState("v1", "legal/v1", SHA)
+    assert {place("legal", state, u).version for u in USERS[:200]} == {"v1"}
+
+
+BASE = {"smollm2-135m", "base"}
+
+
+def test_base_model_names_choose_no_adapter():
+    assert choose_adapter("base", BASE, {}, set(), "u") is None
+    assert choose_adapter("smollm2-135m", BASE, {}, set(), "u") is None
+
+
+def test_pinned_versions():
+    rollouts = {"legal": rollout(5)}
+    assert choose_adapter("legal@v2", BASE, rollouts, set(), "u") == AdapterChoice("legal", "v2", PINNED)
+    assert choose_adapter("med@v7", BASE, {}, {"med@v7"}, "u") == AdapterChoice("med", "v7", PINNED)
+    with pytest.raises(UnknownModel, match="no version 'v9'"):
+        choose_adapter("legal@v9", BASE, rollouts, {"legal@v1"}, "u")
+
+
+def test_an_adapter_without_a_rollout_is_served_in_the_version_the_engines_hold():
+    assert choose_adapter("med", BASE, {}, {"med@v3", "legal@v1"}, "u") == AdapterChoice("med", "v3", STABLE)
+    with pytest.raises(UnknownModel, match="name one as med@VERSION"):
+        choose_adapter("med", BASE, {}, {"med@v3", "med@v4"}, "u")
+    with pytest.raises(UnknownModel, match="does not exist"):
+        choose_adapter("gpt-4o", BASE, {}, {"med@v3"}, "u")
+
+
+def test_an_adapter_with_a_rollout_is_placed_by_user():
+    rollouts = {"legal": rollout(50)}
+    choices = {choose_adapter("legal", BASE, rollouts, {"legal@v1", "legal@v2"}, u).version for u in USERS[:100]}
+    assert choices == {"v1", "v2"}
+
+
+def test_canary_users_get_stable_until_an_engine_holds_the_canary():
+    rollouts = {"legal": rollout(100)}
+    assert choose_adapter("legal", BASE, rollouts, {"legal@v1"}, "u") == AdapterChoice("legal", "v1", STABLE)

@@ -1,0 +1,124 @@
+"""Long-document questions: the pure map/reduce/citation functions, then /v1/chunks and
+/v1/documents/ask through a `k25 up` stack (tiny model, real chunker)."""
+
+import asyncio
+import json
+import re
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from services.gateway.documents import NOTHING, Part, citations, map_messages, reduce_messages, take_notes
+from tests.helpers.gateway_process import start_stack
+from tests.helpers.paths import CONTRACTS
+
+CONTRACT = CONTRACTS / "en_master_services_agreement.txt"
+
+
+def part(index, note="", anchor="Section 1"):
+    return Part(index, anchor, index * 100, index * 100 + 90, f"text of part {index}", note)
+
+
+def test_map_prompt_carries_the_question_the_part_and_its_anchor():
+    [system, user] = map_messages("Who may terminate?", part(3, anchor="Article 9"))
+    assert "Who may terminate?" in user["content"] and "text of part 3" in user["content"]
+    assert "Article 9" in user["content"] and NOTHING in user["content"]
+
+
+def test_reduce_prompt_keeps_only_notes_that_bear_on_the_question():
+    parts = [part(1, "Either party may terminate on 30 days' notice."), part(2, "NOTHING"), part(3, "  "),
+             part(4, "Nothing. (NOTHING)".upper())]
+    user = reduce_messages("Who may terminate?", parts)[1]["content"]
+    assert "[1] (Section 1) Either party may terminate" in user
+    assert "[2]" not in user and "[3]" not in user and "[4]" not in user
+
+
+def test_citations_are_the_cited_parts_in_order_of_citation():
+    parts = [part(1, "a"), part(2, "b"), part(3, NOTHING)]
+    assert [c["index"] for c in citations("See [2], and also [1] and [2] again; [9] does not exist.", parts)] == [2, 1]
+    assert citations("[2]", parts)[0] == {"index": 2, "anchor": "Section 1", "start_char": 200, "end_char": 290}
+
+
+def test_without_citations_every_relevant_part_is_cited():
+    parts = [part(1, "a"), part(2, NOTHING), part(3, "c")]
+    assert [c["index"] for c in citations("An answer citing nothing.", parts)] == [1, 3]
+
+
+def test_notes_are_taken_concurrently_and_kept_in_order():
+    started = []
+
+    async def note(messages):
+        started.append(messages[1]["content"])
+        await asyncio.sleep(0.05 if "part 1" in messages[1]["content"] else 0.0)
+        return re.search(r"text of part (\d)", messages[1]["content"]).group(0)
+
+    parts = asyncio.run(take_notes("q", [part(1), part(2), part(3)], note))
+    assert [p.note for p in parts] == ["text of part 1", "text of part 2", "text of part 3"]
+    assert len(started) == 3
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("documents")
+    service = start_stack(str(folder / "up.log"), "--model", "tiny-random", "--log-dir", str(folder))
+    yield service
+    service.stop(signal.SIGINT)
+
+
+def gateway_requests(stack) -> float:
+    text = httpx.get(f"{stack.url}/metrics").text
+    return sum(float(v) for v in re.findall(r'^k25_gateway_requests_total\{pool="default",status="200"\} (\S+)$', text, re.M))
+
+
+@pytest.mark.slow
+def test_chunks_through_the_gateway_are_the_offline_chunker_s(stack):
+    text = CONTRACT.read_text()
+    answer = httpx.post(f"{stack.url}/v1/chunks", json={"text": text, "chunk_size": 256}, timeout=60).json()
+    offline = subprocess.run([sys.executable, "-m", "k25.cli", "chunk", str(CONTRACT), "--chunk-size", "256"],
+                             capture_output=True, text=True, check=True)
+    expected = json.loads(offline.stdout)["chunks"]
+    assert [{k: c[k] for k in expected[0]} for c in answer["data"]] == expected
+    assert [c["index"] for c in answer["data"]] == list(range(len(expected)))
+
+
+@pytest.mark.slow
+def test_ask_maps_every_chunk_then_reduces_and_cites_real_spans(stack):
+    text = CONTRACT.read_text()[:4000]
+    chunks = httpx.post(f"{stack.url}/v1/chunks", json={"text": text, "chunk_size": 256}, timeout=60).json()["data"]
+    before = gateway_requests(stack)
+    body = {"model": "tiny-random", "document": text, "question": "Who may terminate the agreement?",
+            "chunk_size": 256, "max_tokens": 12, "note_max_tokens": 6}
+    answer = httpx.post(f"{stack.url}/v1/documents/ask", json=body, timeout=120).json()
+    assert answer["object"] == "document.answer" and answer["chunks"] == len(chunks) > 1
+    assert answer["answer"] and answer["usage"]["completion_tokens"] > 0
+    spans = {(c["start_char"], c["end_char"], c["anchor"]) for c in chunks}
+    assert answer["citations"] and all((c["start_char"], c["end_char"], c["anchor"]) in spans for c in answer["citations"])
+    assert gateway_requests(stack) - before == len(chunks) + 1  # one note per chunk, then the answer
+
+
+@pytest.mark.slow
+def test_ask_streams_the_answer_then_the_citations(stack):
+    body = {"model": "tiny-random", "document": CONTRACT.read_text()[:2000], "question": "What are the fees?",
+            "chunk_size": 256, "max_tokens": 8, "note_max_tokens": 4, "stream": True}
+    with httpx.stream("POST", f"{stack.url}/v1/documents/ask", json=body, timeout=120) as response:
+        events = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    payloads = [json.loads(e) for e in events[:-1]]
+    assert all(p["object"] == "chat.completion.chunk" for p in payloads[:-1])
+    assert "".join(p["choices"][0]["delta"].get("content", "") for p in payloads[:-1])
+    assert payloads[-1]["object"] == "document.citations" and payloads[-1]["citations"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("body, status, code", [
+    ({"model": "tiny-random", "document": "", "question": "q"}, 400, None),
+    ({"model": "tiny-random", "document": "x", "question": "q", "chunk_size": 4}, 400, None),
+    ({"model": "nope", "document": "x", "question": "q"}, 404, "model_not_found"),
+])
+def test_ask_errors(stack, body, status, code):
+    response = httpx.post(f"{stack.url}/v1/documents/ask", json=body, timeout=60)
+    assert response.status_code == status
+    assert code is None or response.json()["error"]["code"] == code

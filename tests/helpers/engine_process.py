@@ -1,0 +1,154 @@
+"""`k25 engine` as a real subprocess for tests, and a DEALER client that talks to it.
+
+Import the helpers: `from engine_process import EngineProcess, start_engine, ...`."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+
+import redis
+import zmq
+
+from common.padding import pad_to_chunk_size
+from proto import k25_pb2
+from tests.helpers.redis_server import free_port
+
+K25 = [sys.executable, "-m", "k25.cli"]
+RELEASE = "test"
+
+
+@dataclass
+class EngineProcess:
+    process: subprocess.Popen
+    engine_id: str
+    zmq_port: int
+    metrics_port: int
+    redis: redis.Redis
+    log_path: str
+
+    @property
+    def address(self) -> str:
+        return f"tcp://127.0.0.1:{self.zmq_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    @property
+    def registry_key(self) -> str:
+        return f"{RELEASE}:engine:{self.engine_id}"
+
+    def registry_entry(self) -> dict | None:
+        value = self.redis.get(self.registry_key)
+        return None if value is None else json.loads(value)
+
+    def log(self) -> str:
+        with open(self.log_path) as f:
+            return f.read()
+
+    def stop(self, timeout_s: float = 30) -> int:
+        return stop_process(self.process, signal.SIGTERM, timeout_s)
+
+
+def stop_process(process: subprocess.Popen, sig: int, timeout_s: float) -> int:
+    """Send `sig` and wait for the exit code; a process still running after `timeout_s` is
+    killed and the wait's TimeoutExpired raised, so a test never leaves it behind."""
+    if process.poll() is None:
+        process.send_signal(sig)
+    try:
+        return process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise
+
+
+def start_engine(redis_url: str, log_path: str, *flags: str, engine_id: str = "e1", timeout_s: float = 120) -> EngineProcess:
+    """Start `k25 engine` and return once its heartbeat is in Redis (it serves by then)."""
+    zmq_port, metrics_port = free_port(), free_port()
+    log = open(log_path, "w")  # a file, not a pipe: a pipe nobody reads would block the engine's logging
+    process = subprocess.Popen(
+        [
+            *K25, "engine", "--zmq-port", str(zmq_port), "--metrics-port", str(metrics_port),
+            "--redis-url", redis_url, "--release", RELEASE, "--engine-id", engine_id, *flags,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=os.environ | {"PYTHONWARNINGS": "ignore"},
+    )
+    log.close()
+    handle = EngineProcess(process, engine_id, zmq_port, metrics_port, redis.Redis.from_url(redis_url), log_path)
+    deadline = time.monotonic() + timeout_s
+    while handle.registry_entry() is None:
+        if process.poll() is not None or time.monotonic() > deadline:
+            handle.stop()
+            raise RuntimeError(f"k25 engine did not come up:\n{handle.log()}")
+        time.sleep(0.05)
+    return handle
+
+
+def dealer(address: str) -> zmq.Socket:
+    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.SNDTIMEO, 10_000)
+    socket.connect(address)
+    return socket
+
+
+def generate_message(
+    prompt_token_ids: list[int], chunk_size: int, pad_token_id: int = 0, request_id: str | None = None, **sampling
+) -> k25_pb2.ClientMessage:
+    padded, pad_length = pad_to_chunk_size(prompt_token_ids, chunk_size, pad_token_id)
+    return k25_pb2.ClientMessage(
+        generate=k25_pb2.GenerateRequest(
+            request_id=request_id or uuid.uuid4().hex,
+            tenant="tests",
+            model="tiny-random",
+            prompt_token_ids=padded,
+            pad_length=pad_length,
+            chunk_size=chunk_size,
+            sampling=k25_pb2.SamplingParams(**sampling),
+        )
+    )
+
+
+def send(socket: zmq.Socket, message: k25_pb2.ClientMessage) -> None:
+    socket.send(message.SerializeToString())
+
+
+def receive(socket: zmq.Socket, timeout_s: float = 60) -> k25_pb2.EngineMessage:
+    if not socket.poll(int(timeout_s * 1000), zmq.POLLIN):
+        raise TimeoutError(f"no message from the engine within {timeout_s} s")
+    return k25_pb2.EngineMessage.FromString(socket.recv())
+
+
+def request_id_of(message: k25_pb2.EngineMessage) -> str:
+    return getattr(message, message.WhichOneof("kind")).request_id
+
+
+def receive_until_done(socket: zmq.Socket, request_id: str, timeout_s: float = 60) -> list[k25_pb2.EngineMessage]:
+    """This request's messages up to and including its Final or Error; others are dropped."""
+    messages = []
+    while True:
+        message = receive(socket, timeout_s)
+        if request_id_of(message) != request_id:
+            continue
+        messages.append(message)
+        if message.WhichOneof("kind") in ("final", "error"):
+            return messages
+
+
+def wait_until(condition, timeout_s: float = 15, interval_s: float = 0.05, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not met within {timeout_s} s")
+        time.sleep(interval_s)

