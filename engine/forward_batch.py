@@ -1,7 +1,7 @@
 """Turns a scheduled batch into the flat tensors one forward pass needs.
 
 Tokens of all sequences are laid out back to back. Single-token queries (decodes) are
-attended in padded groups of similar context length; multi-token prompt chunks one by one."""
+attended in padded groups of similar context length; multi-token prefill slices one by one."""
 
 from dataclasses import dataclass
 
@@ -14,8 +14,8 @@ from engine.sequence import Sequence
 @dataclass
 class PrefillSegment:
     start: int  # first row in the flat token layout
-    length: int  # query tokens in this chunk
-    context_slots: torch.Tensor | None  # KV slots of positions [0, end); None when the chunk is the whole context
+    length: int  # query tokens in this prefill slice
+    context_slots: torch.Tensor | None  # KV slots of positions [0, end); None when the slice is the whole context
     mask: torch.Tensor | None  # [length, end] True where query i may see key j; None: plain causal
 
 

@@ -81,8 +81,8 @@ def optional_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_weights(config: ModelConfig, weights: dict[str, torch.Tensor], where: str) -> None:
-    """Raise ModelLoadError unless `weights` are exactly the config's tensors, fp32 and finite."""
+def check_weights(config: ModelConfig, weights: dict[str, torch.Tensor], where: str, dtype: torch.dtype = torch.float32) -> None:
+    """Raise ModelLoadError unless `weights` are exactly the config's tensors, in `dtype` and finite."""
     expected, optional = expected_shapes(config), optional_shapes(config)
     missing = sorted(expected.keys() - weights.keys())
     unexpected = sorted(weights.keys() - expected.keys() - optional.keys())
@@ -95,25 +95,27 @@ def check_weights(config: ModelConfig, weights: dict[str, torch.Tensor], where: 
         want = expected.get(name) or optional[name]
         if tuple(tensor.shape) != want:
             raise ModelLoadError(f"{where}: {name} has shape {tuple(tensor.shape)}, the config implies {want}")
-        if tensor.dtype != torch.float32:
-            raise ModelLoadError(f"{where}: {name} is {tensor.dtype}, expected torch.float32")
+        if tensor.dtype != dtype:
+            raise ModelLoadError(f"{where}: {name} is {tensor.dtype}, expected {dtype}")
         if not torch.isfinite(tensor).all():
             raise ModelLoadError(f"{where}: {name} holds NaN or infinite values")
 
 
-def load_model(name_or_path: str = DEFAULT_MODEL) -> LoadedModel:
+def load_model(name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """The model's config, tokenizer and weights in `dtype`: each tensor is converted as it is
+    read or dequantised, so no full-precision copy of the whole model is ever held."""
     source = resolve_model(name_or_path)
     where = "tiny-random" if source.kind == "tiny" else source.path
     with _threads_for_size(_disk_size(source)):
         try:
-            config, weights, tokenizer = _load(source)
+            config, weights, tokenizer = _load(source, dtype)
         except GGUFError as e:
             raise ModelLoadError(str(e)) from None
         except OSError as e:
             raise ModelLoadError(f"{e.filename or where}: {e.strerror or e}") from None
         except SafetensorError as e:
             raise ModelLoadError(f"{where}: unreadable safetensors ({e})") from None
-        check_weights(config, weights, where)
+        check_weights(config, weights, where, dtype)
     if tokenizer.vocab_size > config.vocab_size:
         raise ModelLoadError(
             f"{where}: the tokenizer has {tokenizer.vocab_size} tokens, the model only {config.vocab_size}"
@@ -121,16 +123,33 @@ def load_model(name_or_path: str = DEFAULT_MODEL) -> LoadedModel:
     return LoadedModel(config, weights, tokenizer, where)
 
 
-def _load(source: ModelSource) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+def model_config(name_or_path: str = DEFAULT_MODEL) -> ModelConfig:
+    """The model's shape alone, without reading its weights."""
+    source = resolve_model(name_or_path)
+    try:
+        if source.kind == "gguf":
+            with GGUFFile(source.path) as gguf:
+                return _gguf_config(gguf)
+        if source.kind == "hf":
+            return _hf_config(source.path)
+    except GGUFError as e:
+        raise ModelLoadError(str(e)) from None
+    except OSError as e:
+        raise ModelLoadError(f"{e.filename or source.path}: {e.strerror or e}") from None
+    return TINY_CONFIG
+
+
+def _load(source: ModelSource, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
     if source.kind == "gguf":
         with GGUFFile(source.path) as gguf:
-            config, weights = _load_gguf(gguf)
+            config, weights = _load_gguf(gguf, dtype)
             return config, weights, Tokenizer.from_gguf(gguf)
     if source.kind == "hf":
         config = _hf_config(source.path)
-        weights = _load_safetensors(source.path, config.tie_word_embeddings)
+        weights = _load_safetensors(source.path, config.tie_word_embeddings, dtype)
         return config, weights, Tokenizer.from_folder(source.path)
-    return TINY_CONFIG, tiny_weights(TINY_CONFIG), Tokenizer.from_gguf(source.path)
+    weights = {name: tensor.to(dtype) for name, tensor in tiny_weights(TINY_CONFIG).items()}
+    return TINY_CONFIG, weights, Tokenizer.from_gguf(source.path)
 
 
 def _disk_size(source: ModelSource) -> int:
@@ -211,7 +230,7 @@ def _unpermute_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape).contiguous()
 
 
-def _load_gguf(gguf: GGUFFile) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def _load_gguf(gguf: GGUFFile, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     config = _gguf_config(gguf)
     arch = gguf.metadata["general.architecture"]
     shapes = expected_shapes(config) | optional_shapes(config)
@@ -231,7 +250,7 @@ def _load_gguf(gguf: GGUFFile) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
             tensor = _unpermute_rope_rows(tensor, config.num_heads)
         elif arch in _PERMUTED_ARCHS and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
             tensor = _unpermute_rope_rows(tensor, config.num_kv_heads)
-        weights[hf_name] = tensor
+        weights[hf_name] = tensor.to(dtype)
     return config, weights
 
 
@@ -355,14 +374,14 @@ def _safetensors_files(folder: str) -> list[str]:
     return files
 
 
-def _load_safetensors(folder: str, tied: bool) -> dict[str, torch.Tensor]:
+def _load_safetensors(folder: str, tied: bool, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     weights = {}
     for file in _safetensors_files(folder):
         try:
             with safe_open(file, framework="pt") as f:
                 for key in f.keys():
                     if not _IGNORED_KEYS.fullmatch(key):
-                        weights[key] = f.get_tensor(key).to(torch.float32)
+                        weights[key] = f.get_tensor(key).to(dtype)
         except SafetensorError as e:
             raise ModelLoadError(f"{file}: unreadable safetensors ({e})") from None
     if tied:

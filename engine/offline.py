@@ -5,7 +5,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from common.padding import pad_to_chunk_size
-from engine.engine import EngineRequest, LLMEngine, RequestOutput
+from engine.engine import LLMEngine
+from engine.request import EngineRequest, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.sequence import FinishReason
 

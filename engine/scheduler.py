@@ -1,10 +1,13 @@
-"""Continuous batching with chunked prefill under one token budget per step.
+"""Continuous batching with prefill slices under one token budget per step.
 
 Each step: running sequences that are decoding get their one token first, then running
-sequences part-way through their prompt get the next prompt chunk, then waiting
+sequences part-way through their prompt get their next prefill slice, then waiting
 sequences are admitted first-come-first-served while budget, sequence slots and KV
-blocks last (keeping one free block per running sequence). When a running sequence needs a block and none is free, the most recent
-arrival is preempted: its blocks are freed and it is recomputed later from its tokens."""
+blocks last (keeping one free block per running sequence). A waiting sequence whose
+adapter would make more than `max_loras` distinct adapters in the running batch gets no
+device slot this step: it is passed over, keeps its place, and later ones go ahead.
+When a running sequence needs a block and none is free, the most recent arrival is
+preempted: its blocks are freed and it is recomputed later from its tokens."""
 
 from dataclasses import dataclass, field
 
@@ -16,6 +19,7 @@ from engine.sequence import Sequence, SequenceStatus
 class ScheduledBatch:
     # (sequence, number of its tokens to compute this step), decodes first
     items: list[tuple[Sequence, int]] = field(default_factory=list)
+    admitted: list[Sequence] = field(default_factory=list)  # came from the waiting queue this step
     preempted: list[Sequence] = field(default_factory=list)
 
     @property
@@ -24,18 +28,23 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_batched_tokens: int, max_num_seqs: int):
+    def __init__(self, block_manager: BlockManager, max_num_batched_tokens: int, max_num_seqs: int, max_loras: int = 0):
         if max_num_batched_tokens < 1 or max_num_seqs < 1:
             raise ValueError("the token budget and the sequence limit must be at least 1")
         self.block_manager = block_manager
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
+        self.max_loras = max_loras
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
 
     @property
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running)
+
+    def running_adapter_ids(self) -> set[int]:
+        """The adapters the running batch uses: each holds a device slot."""
+        return {s.adapter.id for s in self.running if s.adapter is not None}
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -65,21 +74,32 @@ class Scheduler:
             self.block_manager.grow(seq.block_table, seq.num_computed_tokens + n)
             batch.items.append((seq, n))
             budget -= n
-        budget = self.max_num_batched_tokens - batch.num_tokens
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not batch.preempted:
-            seq = self.waiting[0]
+        if not batch.preempted:
+            self._admit(batch, self.max_num_batched_tokens - batch.num_tokens)
+        return batch
+
+    def _admit(self, batch: ScheduledBatch, budget: int) -> None:
+        adapters = self.running_adapter_ids()
+        i = 0  # waiting sequences before this one are passed over for want of an adapter slot
+        while i < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[i]
+            if seq.adapter is not None and seq.adapter.id not in adapters and len(adapters) >= self.max_loras:
+                i += 1
+                continue
             n = min(seq.num_uncomputed_tokens, budget)
             # leave a block per running sequence for its next token: admitting into the last free
             # blocks would only have the newcomer preempted (and its work thrown away) next step
             if not self.block_manager.can_grow(seq.block_table, seq.num_computed_tokens + n, keep_free=len(self.running)):
                 break
-            self.waiting.pop(0)
+            del self.waiting[i]
+            if seq.adapter is not None:
+                adapters.add(seq.adapter.id)
             self.block_manager.grow(seq.block_table, seq.num_computed_tokens + n)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             batch.items.append((seq, n))
+            batch.admitted.append(seq)
             budget -= n
-        return batch
 
     def _make_room(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:
         """Preempt later arrivals until `seq` can grow by `n` tokens; False if `seq` itself was preempted."""

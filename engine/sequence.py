@@ -34,7 +34,7 @@ class Sequence:
     pad_length: int = 0
     deadline: float | None = None  # time.time() seconds; None = none
     adapter: LoadedAdapter | None = None  # None: the base model
-    lora_slot: int = BASE_SLOT  # the device slot holding its adapter, set when it enters the scheduler
+    lora_slot: int = BASE_SLOT  # the device slot holding its adapter, set each time it is admitted to the running batch
     output_token_ids: list[int] = field(default_factory=list)
     # tokens whose KV is in the cache; prompt and output tokens alike
     num_computed_tokens: int = 0
@@ -46,7 +46,7 @@ class Sequence:
     arrival_time: float = field(default_factory=time.monotonic)
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
-    prefill_chunks: int = 0
+    prefill_slices: int = 0  # steps that computed part of its prompt
     preemptions: int = 0
 
     @property

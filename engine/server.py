@@ -30,10 +30,11 @@ import zmq
 
 from common.zmq_router import bind_router
 from engine.base.errors import EngineError, ErrorCode
-from engine.engine import LLMEngine, RequestOutput
+from engine.engine import LLMEngine
 from engine.metrics import EngineMetrics
 from engine.outbox import Outbox
 from engine.registry import EngineStats
+from engine.request import RequestOutput
 from engine.tracing import RequestTraces
 from engine.wire import decode_client_message, error_message, messages_from_output, request_from_proto, request_id_of
 from proto import k25_pb2

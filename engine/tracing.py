@@ -2,8 +2,9 @@
 
 Each traced request gets a `k25.engine.request` span, a child of the caller's span (the
 `traceparent` in its GenerateRequest), with children for its time in the queue, each
-prefill chunk (one span per engine step that computed part of its prompt) and its
-decoding (one span from the first decode step to the end). The spans are made from the
+prefill slice (one `k25.engine.prefill_chunk` span per engine step that computed part of
+its prompt; traces keep that older name) and its decoding (one span from the first decode
+step to the end). The spans are made from the
 steps' own clock readings, so tracing adds no work to the model's forward pass.
 """
 
@@ -25,7 +26,7 @@ class _Open:
     queue: object | None
     decode: object | None = None
     decode_steps: int = 0
-    prefill_chunks: int = 0
+    prefill_slices: int = 0
 
 
 class RequestTraces:
@@ -60,10 +61,12 @@ class RequestTraces:
                 state.queue = None
             parent = trace.set_span_in_context(state.span)
             if prefill:
-                state.prefill_chunks += 1
-                chunk = tracer.start_span("k25.engine.prefill_chunk", context=parent, start_time=record.start_ns,
-                                          attributes={"k25.tokens": tokens, "k25.chunk_index": state.prefill_chunks - 1})
-                chunk.end(end_time=record.end_ns)
+                state.prefill_slices += 1
+                prefill_slice = tracer.start_span(
+                    "k25.engine.prefill_chunk", context=parent, start_time=record.start_ns,
+                    attributes={"k25.tokens": tokens, "k25.chunk_index": state.prefill_slices - 1},
+                )
+                prefill_slice.end(end_time=record.end_ns)
             else:
                 if state.decode is None:
                     state.decode = tracer.start_span("k25.engine.decode", context=parent, start_time=record.start_ns)
@@ -81,7 +84,7 @@ class RequestTraces:
             state.decode.set_attribute("k25.decode_steps", state.decode_steps)
             state.decode.end(end_time=now)
         span = state.span
-        span.set_attributes({"k25.prefill_chunks": state.prefill_chunks,
+        span.set_attributes({"k25.prefill_chunks": state.prefill_slices,
                              "gen_ai.response.finish_reasons": [output.finish_reason.value]})
         if output.usage is not None:
             span.set_attributes({"gen_ai.usage.input_tokens": output.usage.prompt_tokens,

@@ -7,8 +7,8 @@ it sends back (a TokenDelta when there is something new, then one Final or Error
 from google.protobuf.message import DecodeError
 
 from engine.base.errors import EngineError, ErrorCode
-from engine.engine import EngineRequest, RequestOutput, Timings, Usage
 from engine.lora.adapter import AdapterRef
+from engine.request import EngineRequest, RequestOutput, Timings, Usage
 from engine.sampler import SampledToken
 from engine.sampling_params import SamplingParams
 from engine.sequence import FinishReason
@@ -117,7 +117,7 @@ def _final(output: RequestOutput) -> k25_pb2.Final:
             queued_s=timings.queued_s,
             time_to_first_token_s=timings.time_to_first_token_s,
             total_s=timings.total_s,
-            prefill_chunks=timings.prefill_chunks,
+            prefill_chunks=timings.prefill_slices,  # the proto field keeps its first name
             preemptions=timings.preemptions,
         ),
     )

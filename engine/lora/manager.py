@@ -2,9 +2,10 @@
 CPU (at most max_cpu_loras) and copied into the device slots (at most max_loras) while
 requests use them.
 
-An adapter is in use while a request for it is in the scheduler, waiting or running: its
-slot and its CPU copy are never given up then; otherwise the least recently used goes
-first. Weights dropped from the CPU cache are read from disk again when a request needs
+An adapter is in use while a request for it is in the running batch: its slot and its CPU
+copy are never given up then; otherwise the least recently used goes first. The scheduler
+keeps at most max_loras adapters in the running batch, so an adapter it admits always finds
+a slot. Weights dropped from the CPU cache are read from disk again when a request needs
 them, and must hash to what was first loaded. Not thread-safe: the engine's thread calls it."""
 
 import logging
@@ -29,7 +30,7 @@ class AdapterManager:
         model_config: ModelConfig,
         root: str | None,
         max_cpu_loras: int,
-        in_use: Callable[[], set[int]],  # ids of the adapters that requests in the scheduler use
+        in_use: Callable[[], set[int]],  # ids of the adapters the running batch uses
     ):
         self.slots = slots
         self.model_config = model_config
@@ -104,8 +105,8 @@ class AdapterManager:
 
     # --- slots ------------------------------------------------------------------------------
 
-    def slot_for(self, adapter: LoadedAdapter) -> int | None:
-        """The slot that holds `adapter`, filled now if needed; None while every slot is in use.
+    def slot_for(self, adapter: LoadedAdapter) -> int:
+        """The slot that holds `adapter`, filled now if needed, for a request the scheduler admitted.
         Raises ADAPTER_NOT_FOUND (and unregisters it) if its files can no longer be read."""
         slot = next((s for s, owner in enumerate(self._slot_owner) if owner is adapter), None)
         if slot is None:
@@ -113,7 +114,7 @@ class AdapterManager:
             busy = {s for s, owner in enumerate(self._slot_owner) if owner is not None and owner.id in busy_ids}
             slot = least_recent_idle(sorted(self._slot_lru, key=self._reuse_order), busy)
             if slot is None:
-                return None
+                raise RuntimeError(f"every LoRA slot is in use: more than {len(self._slot_owner)} adapters were admitted")
             self._write_slot(slot, adapter, self._weights(adapter))
         self._slot_lru.remove(slot)
         self._slot_lru.append(slot)

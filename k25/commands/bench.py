@@ -4,6 +4,8 @@ import argparse
 import json
 import sys
 
+from k25.commands.engine_settings import add_engine_settings, load_for_engine
+
 
 def register(subparsers) -> None:
     bench = subparsers.add_parser("bench", help="run a benchmark", description="Benchmarks that print measured figures.")
@@ -20,9 +22,8 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reference-batch-sizes", type=int, nargs="+", default=[1, 8, 32], help="transformers batch sizes to try; the best counts")
     p.add_argument("--chunk-size", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=512, help="the engine's token budget per step")
-    p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    add_engine_settings(p)
     p.set_defaults(handler=run_engine_bench)
 
     p = kinds.add_parser(
@@ -77,12 +78,9 @@ def register(subparsers) -> None:
 
 def run_engine_bench(args: argparse.Namespace) -> int:
     from bench.engine_bench import bench_engine, make_workload
-    from engine.base.config import EngineConfig
-    from engine.loader import load_model
 
-    model = load_model(args.model)
+    model, config = load_for_engine(args, chunk_size=args.chunk_size)
     workload = make_workload(model.config.vocab_size, args.requests, tuple(args.prompt_tokens), tuple(args.max_tokens), args.seed)
-    config = EngineConfig(chunk_size=args.chunk_size, max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs)
     result = bench_engine(model, workload, config, args.reference_batch_sizes, progress=lambda m: print(m, file=sys.stderr))
     if args.json:
         print(json.dumps(result.as_dict()))
@@ -94,7 +92,7 @@ def run_engine_bench(args: argparse.Namespace) -> int:
     print(f"ratio          {result.ratio:8.2f}x  (engine / best transformers mode, {result.reference_best_mode})")
     print(
         f"roofline       {result.roofline_fraction:8.2f}  (engine {result.engine_flops_per_s / 1e9:.1f} GFLOP/s "
-        f"of a {result.matmul_peak_flops_per_s / 1e9:.1f} GFLOP/s fp32 matmul peak)"
+        f"of a {result.matmul_peak_flops_per_s / 1e9:.1f} GFLOP/s {result.dtype} matmul peak)"
     )
     return 0
 

@@ -1,4 +1,4 @@
-"""`k25 chunk FILE`: cut a document into chunks at clause boundaries, offline, as JSON."""
+"""`k25 chunk FILE`: cut a document into passages at clause boundaries, offline, as JSON."""
 
 import argparse
 import json
@@ -7,19 +7,24 @@ import sys
 DEFAULT_MODEL = "smollm2-135m"
 
 
-def add_chunk_params(p: argparse.ArgumentParser) -> None:
-    """--chunk-size, --overlap-ratio, --semantic-threshold, with the chunker's defaults."""
+def add_passage_params(p: argparse.ArgumentParser) -> None:
+    """--passage-tokens (old name --chunk-size), --overlap-ratio, --semantic-threshold, with the chunker's defaults."""
     from services.chunker.boundaries import MAX_OVERLAP_RATIO, ChunkParams
 
     defaults = ChunkParams()
-    p.add_argument("--chunk-size", type=int, default=defaults.chunk_size, help=f"most tokens per chunk (default {defaults.chunk_size})")
+    p.add_argument(
+        "--passage-tokens", "--chunk-size", dest="passage_tokens", type=int, default=defaults.passage_tokens,
+        help=f"a passage's token budget: most tokens per passage (default {defaults.passage_tokens}); "
+        "--chunk-size is its old name",
+    )
     p.add_argument(
         "--overlap-ratio", type=float, default=defaults.overlap_ratio,
-        help=f"share of chunk_size repeated from the previous chunk, 0 to {MAX_OVERLAP_RATIO} (default {defaults.overlap_ratio})",
+        help=f"share of --passage-tokens repeated from the previous passage, 0 to {MAX_OVERLAP_RATIO} "
+        f"(default {defaults.overlap_ratio})",
     )
     p.add_argument(
         "--semantic-threshold", type=float, default=defaults.semantic_threshold,
-        help="weakest anchor that may end a chunk by choice, 0 (any line) to 1 (chapters only) "
+        help="weakest anchor that may end a passage by choice, 0 (any line) to 1 (chapters only) "
         f"(default {defaults.semantic_threshold})",
     )
 
@@ -27,12 +32,12 @@ def add_chunk_params(p: argparse.ArgumentParser) -> None:
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "chunk",
-        help="cut a document into chunks at clause boundaries (offline)",
-        description="Prints {\"chunks\": [{start_char, end_char, start_token, end_token, anchor}, ...]} as JSON: "
-        "character offsets into the file's text, token offsets into its tokens under --model.",
+        help="cut a document into passages at clause boundaries (offline)",
+        description="Prints the document's passages as JSON, {\"chunks\": [{start_char, end_char, start_token, "
+        "end_token, anchor}, ...]}: character offsets into the file's text, token offsets into its tokens under --model.",
     )
     p.add_argument("file", metavar="FILE", help="a UTF-8 text file, or - for standard input")
-    add_chunk_params(p)
+    add_passage_params(p)
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"whose tokenizer counts the tokens (default {DEFAULT_MODEL})")
     p.set_defaults(handler=run)
 
@@ -56,13 +61,14 @@ def run(args: argparse.Namespace) -> int:
     from services.chunker.chunker import Chunker
 
     try:
-        params = ChunkParams(args.chunk_size, args.overlap_ratio, args.semantic_threshold)
+        params = ChunkParams(args.passage_tokens, args.overlap_ratio, args.semantic_threshold)
         text = read_text(args.file)
         chunker = Chunker(load_tokenizer(args.model))
     except (ValueError, ModelLoadError) as exc:
         print(f"k25 chunk: {exc}", file=sys.stderr)
         return 2
-    document = chunker.chunk(text, params)
-    json.dump({"chunks": [chunk.as_dict() for chunk in document.chunks]}, sys.stdout, ensure_ascii=False)
+    document = chunker.split(text, params)
+    # the output keeps its key "chunks": the list of passages
+    json.dump({"chunks": [passage.as_dict() for passage in document.passages]}, sys.stdout, ensure_ascii=False)
     sys.stdout.write("\n")
     return 0

@@ -1,4 +1,4 @@
-"""`k25 chunker`: serve semantic chunking to gateways over ZMQ, with Prometheus metrics."""
+"""`k25 chunker`: cut documents into passages for gateways over ZMQ, with Prometheus metrics."""
 
 import argparse
 import logging
@@ -6,7 +6,7 @@ import signal
 import sys
 import threading
 
-from k25.commands.chunk import DEFAULT_MODEL, add_chunk_params
+from k25.commands.chunk import DEFAULT_MODEL, add_passage_params
 
 log = logging.getLogger("k25.chunker")
 
@@ -14,9 +14,9 @@ log = logging.getLogger("k25.chunker")
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "chunker",
-        help="serve document chunking to gateways over ZMQ",
+        help="cut documents into passages for gateways, over ZMQ",
         description="Load the model's tokenizer and answer ChunkRequests on a ZMQ ROUTER socket; Prometheus "
-        "k25_chunker_* metrics on --metrics-port. The chunk parameters below are the defaults for requests that "
+        "k25_chunker_* metrics on --metrics-port. The passage parameters below are the defaults for requests that "
         "leave them unset. SIGTERM or SIGINT shuts it down cleanly.",
     )
     p.add_argument("--zmq-port", type=int, default=5600, help="ROUTER port (default 5600)")
@@ -26,7 +26,7 @@ def register(subparsers) -> None:
         "--max-document-bytes", type=int, default=8 << 20,
         help="larger documents are refused with INVALID_ARGUMENT (default 8 MiB)",
     )
-    add_chunk_params(p)
+    add_passage_params(p)
     p.add_argument("--sndhwm", type=int, default=5000, help="ZMQ send high-water mark per peer (default 5000)")
     p.add_argument("--rcvhwm", type=int, default=5000, help="ZMQ receive high-water mark per peer (default 5000)")
     p.add_argument("--linger-ms", type=int, default=1000, help="how long unsent answers may delay shutdown (default 1000)")
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.max_document_bytes < 1:
             raise ValueError(f"--max-document-bytes must be positive, got {args.max_document_bytes}")
-        defaults = ChunkParams(args.chunk_size, args.overlap_ratio, args.semantic_threshold)
+        defaults = ChunkParams(args.passage_tokens, args.overlap_ratio, args.semantic_threshold)
         chunker = Chunker(load_tokenizer(args.model))
     except (ValueError, ModelLoadError) as exc:
         print(f"k25 chunker: {exc}", file=sys.stderr)

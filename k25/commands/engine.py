@@ -7,6 +7,8 @@ import socket
 import sys
 import threading
 
+from k25.commands.engine_settings import add_engine_settings, load_for_engine
+
 DEFAULT_MODEL = "smollm2-135m"
 
 log = logging.getLogger("k25.engine")
@@ -32,7 +34,6 @@ def register(subparsers) -> None:
     lora.add_argument("--lora-kernel", default="torch", choices=["torch", "triton"], help="the LoRA delta's kernel (default torch)")
     lora.add_argument("--inject-fault", action="append", default=[], metavar="NAME@VERSION",
                       help="fail every request for this adapter version with INTERNAL (for testing canary rollbacks)")
-    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--pool", default="default", help="the pool this engine serves (default 'default')")
     p.add_argument("--zmq-port", type=int, default=5555, help="ROUTER port (default 5555)")
     p.add_argument("--metrics-port", type=int, default=9100, help="Prometheus /metrics port; 0 turns it off (default 9100)")
@@ -45,6 +46,7 @@ def register(subparsers) -> None:
     p.add_argument("--linger-ms", type=int, default=1000, help="how long unsent messages may delay shutdown (default 1000)")
     p.add_argument("--heartbeat-interval-s", type=float, default=1.0, help="registry refresh period (default 1)")
     p.add_argument("--heartbeat-ttl-s", type=float, default=5.0, help="registry entry lifetime without a refresh (default 5)")
+    add_engine_settings(p)
     p.set_defaults(handler=run)
 
 
@@ -53,11 +55,9 @@ def run(args: argparse.Namespace) -> int:
 
     from common.model_source import ModelLoadError
     from common.tracing import setup_tracing
-    from engine.base.config import EngineConfig
     from engine.base.errors import EngineConfigError
     from engine.engine import LLMEngine
     from engine.heartbeat import Heartbeat, registry_client
-    from engine.loader import load_model
     from engine.metrics import EngineMetrics
     from engine.registry import EngineProfile, registry_entry
     from engine.rollout_watcher import RolloutWatcher
@@ -68,13 +68,13 @@ def run(args: argparse.Namespace) -> int:
         print("k25 engine: --heartbeat-ttl-s must be longer than --heartbeat-interval-s", file=sys.stderr)
         return 2
     try:
-        model = load_model(args.model)
-        config = EngineConfig(
-            chunk_size=args.chunk_size, max_chunk_per_gpu=args.max_chunk_per_gpu, node_type=args.node_type, device=args.device,
+        model, config = load_for_engine(
+            args, chunk_size=args.chunk_size, max_chunk_per_gpu=args.max_chunk_per_gpu, node_type=args.node_type,
             max_waiting=args.max_waiting, max_loras=args.max_loras, max_cpu_loras=args.max_cpu_loras,
             max_lora_rank=args.max_lora_rank, adapter_root=args.adapter_root, lora_kernel=args.lora_kernel,
         )
         engine = LLMEngine(model, config)
+        del model  # the engine holds what it needs; the loaded tensors are not kept twice
     except (ModelLoadError, EngineConfigError) as exc:
         print(f"k25 engine: {exc}", file=sys.stderr)
         return 2

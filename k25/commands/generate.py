@@ -3,6 +3,8 @@
 import argparse
 import sys
 
+from k25.commands.engine_settings import add_engine_settings, load_for_engine
+
 DEFAULT_MODEL = "smollm2-135m"
 
 
@@ -21,21 +23,20 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
     p.add_argument("--chat", action="store_true", help="apply the model's chat template to PROMPT as one user message")
     p.add_argument("--chunk-size", type=int, default=256, help="pad the prompt to a multiple of this (default 256)")
+    add_engine_settings(p)
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from common.model_source import ModelLoadError
-    from engine.base.config import EngineConfig
     from engine.base.errors import EngineConfigError, EngineError
     from engine.engine import LLMEngine
-    from engine.loader import load_model
     from engine.offline import stream
     from engine.sampling_params import SamplingParams
 
     try:
-        model = load_model(args.model)
-        engine = LLMEngine(model, EngineConfig(chunk_size=args.chunk_size))
+        model, config = load_for_engine(args, chunk_size=args.chunk_size)
+        engine = LLMEngine(model, config)
     except (ModelLoadError, EngineConfigError) as exc:
         print(f"k25 generate: {exc}", file=sys.stderr)
         return 2

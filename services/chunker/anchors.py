@@ -1,13 +1,13 @@
 """Where a contract or filing may be cut, and how good a cut each place is.
 
-`find_anchors(text)` returns the places, in text order, where a chunk could open: numbered
+`find_anchors(text)` returns the places, in text order, where a passage could open: numbered
 articles and clauses, headings, defined terms, paragraph and line starts, and, inside a
 line, sentence ends, provisos and commas. Each has a strength in 0..1 (the constants
 below); the boundary choice (boundaries.py) cuts at the strongest places it can.
 
 Every anchor also carries `path`: the numbering in force where it stands (e.g.
 "第三章 第十二条 （二）" or "ARTICLE 4 4.2 (a)"), kept as a stack in which a marker replaces
-every marker of its own strength or weaker. A chunk reports the path where it opens.
+every marker of its own strength or weaker. A passage reports the path where it opens.
 """
 
 import re
@@ -73,7 +73,7 @@ _COMMA = re.compile(r"[，、]|,\s+")
 
 @dataclass(frozen=True)
 class Anchor:
-    char: int  # where a chunk opening here starts (code point offset)
+    char: int  # where a passage opening here starts (code point offset)
     strength: float
     kind: str
     label: str = ""  # the numbering or heading text, for markers only

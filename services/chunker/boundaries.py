@@ -1,19 +1,21 @@
-"""The boundary choice: anchors and token offsets in, chunk spans out. Pure; no tokenizer here.
+"""The boundary choice: anchors and token offsets in, passage spans out. Pure; no tokenizer here.
 
-Chunks are runs of whole tokens of at most `chunk_size`; consecutive chunks may overlap by
-up to `overlap_ratio × chunk_size` tokens. A chunk may only start or end on a token boundary
-that is also a character boundary (a "clean" one), unless a stretch has none at all.
+A document is cut into passages: runs of whole tokens of at most `passage_tokens`;
+consecutive passages may overlap by up to `overlap_ratio × passage_tokens` tokens. A passage
+may only start or end on a token boundary that is also a character boundary (a "clean" one),
+unless a stretch has none at all. (A passage is not the pool's `chunk_size` unit of padding
+and KV capacity: its budget is the chunker's own parameter.)
 
-Where a chunk ends, among the anchors in reach, is decided by one ordering (best first):
+Where a passage ends, among the anchors in reach, is decided by one ordering (best first):
   1. whole-line anchors (strength >= LINE) before anything inside a line: so a line, with
-     its line break, that fits in chunk_size is never split across chunks;
-  2. anchors at or above `semantic_threshold` before weaker ones, which end a chunk only
+     its line break, that fits in passage_tokens is never split across passages;
+  2. anchors at or above `semantic_threshold` before weaker ones, which end a passage only
      when nothing at the threshold is in reach;
-  3. anchors in the later half of the new text before earlier ones, so chunks stay full;
+  3. anchors in the later half of the new text before earlier ones, so passages stay full;
   4. stronger before weaker, then later before earlier.
-With no anchor in reach at all, the chunk ends at the last clean token boundary.
+With no anchor in reach at all, the passage ends at the last clean token boundary.
 
-The next chunk then starts up to the overlap before that end, at the best anchor there
+The next passage then starts up to the overlap before that end, at the best anchor there
 (whole-line first, then stronger, then earlier), but never so early that the line that
 follows the end no longer fits: the overlap gives way to a whole clause.
 """
@@ -25,22 +27,30 @@ from typing import Sequence
 
 from services.chunker.anchors import LINE, Anchor
 
-MIN_CHUNK_SIZE = 16  # room for new text after the largest overlap, even for 4-byte characters
-MAX_CHUNK_SIZE = 1 << 20
+MIN_PASSAGE_TOKENS = 16  # room for new text after the largest overlap, even for 4-byte characters
+MAX_PASSAGE_TOKENS = 1 << 20
 MAX_OVERLAP_RATIO = 0.5
 
 
 @dataclass(frozen=True)
 class ChunkParams:
-    chunk_size: int = 512
-    overlap_ratio: float = 0.1
-    semantic_threshold: float = 0.5
+    """The chunker's parameters: how a document is cut into passages.
+
+    `passage_tokens` travels on the wire as ChunkRequest.chunk_size, its old name, which the
+    HTTP API and the `k25 chunk`/`k25 chunker` flags still accept."""
+
+    passage_tokens: int = 512  # a passage's token budget: most tokens in one passage
+    overlap_ratio: float = 0.1  # share of passage_tokens a passage may repeat from the one before
+    semantic_threshold: float = 0.5  # the weakest anchor that may end a passage by choice
 
     def __post_init__(self):
-        if isinstance(self.chunk_size, bool) or not isinstance(self.chunk_size, int):
-            raise ValueError(f"chunk_size must be an integer, got {self.chunk_size!r}")
-        if not MIN_CHUNK_SIZE <= self.chunk_size <= MAX_CHUNK_SIZE:
-            raise ValueError(f"chunk_size must be between {MIN_CHUNK_SIZE} and {MAX_CHUNK_SIZE} tokens, got {self.chunk_size}")
+        if isinstance(self.passage_tokens, bool) or not isinstance(self.passage_tokens, int):
+            raise ValueError(f"passage_tokens (chunk_size) must be an integer, got {self.passage_tokens!r}")
+        if not MIN_PASSAGE_TOKENS <= self.passage_tokens <= MAX_PASSAGE_TOKENS:
+            raise ValueError(
+                f"passage_tokens (chunk_size) must be between {MIN_PASSAGE_TOKENS} and {MAX_PASSAGE_TOKENS} tokens, "
+                f"got {self.passage_tokens}"
+            )
         if not (math.isfinite(self.overlap_ratio) and 0 <= self.overlap_ratio <= MAX_OVERLAP_RATIO):
             raise ValueError(f"overlap_ratio must be between 0 and {MAX_OVERLAP_RATIO}, got {self.overlap_ratio}")
         if not (math.isfinite(self.semantic_threshold) and 0 <= self.semantic_threshold <= 1):
@@ -48,16 +58,18 @@ class ChunkParams:
 
     @property
     def overlap_tokens(self) -> int:
-        return int(self.overlap_ratio * self.chunk_size)
+        return int(self.overlap_ratio * self.passage_tokens)
 
 
 @dataclass(frozen=True)
-class Chunk:
+class Passage:
+    """One piece of a document, cut at an anchor (proto's `Chunk` message on the wire)."""
+
     start_char: int
     end_char: int  # exclusive
     start_token: int
     end_token: int  # exclusive
-    anchor: str  # the numbering path in force where the chunk opens ("" before any)
+    anchor: str  # the numbering path in force where the passage opens ("" before any)
 
     def as_dict(self) -> dict:
         return {
@@ -135,25 +147,25 @@ class _Boundaries:
         return self.clean[i] if i < len(self.clean) and self.clean[i] < high else None
 
 
-def choose_chunks(
+def choose_passages(
     anchors: Sequence[Anchor], offsets: Sequence[tuple[int, int]], text_length: int, params: ChunkParams
-) -> list[Chunk]:
-    """Chunk spans covering the text whose tokens have these (start, end) char offsets."""
+) -> list[Passage]:
+    """Passages covering the text whose tokens have these (start, end) char offsets."""
     b = _Boundaries(anchors, offsets, text_length)
     if b.n == 0:
         return []
-    chunks = []
+    passages = []
     start, previous_start, previous_end = 0, -1, 0
     while True:
         end = _choose_end(b, start, previous_end, params)
-        chunks.append(Chunk(b.char_at(start), b.char_at(end), start, end, b.path_at(start)))
+        passages.append(Passage(b.char_at(start), b.char_at(end), start, end, b.path_at(start)))
         if end == b.n:
-            return chunks
+            return passages
         start, previous_start, previous_end = _choose_start(b, previous_start=start, end=end, params=params), start, end
 
 
 def _choose_end(b: _Boundaries, start: int, previous_end: int, params: ChunkParams) -> int:
-    limit = start + params.chunk_size
+    limit = start + params.passage_tokens
     if limit >= b.n:
         return b.n
     late = previous_end + (limit - previous_end) // 2
@@ -176,8 +188,8 @@ def _choose_end(b: _Boundaries, start: int, previous_end: int, params: ChunkPara
 def _choose_start(b: _Boundaries, previous_start: int, end: int, params: ChunkParams) -> int:
     low = max(end - params.overlap_tokens, previous_start + 1)
     following_line = b.next_whole_line(end) - end
-    if following_line <= params.chunk_size:
-        low = max(low, end + following_line - params.chunk_size)
+    if following_line <= params.passage_tokens:
+        low = max(low, end + following_line - params.passage_tokens)
     if low >= end:
         return end
     candidates = b.cuts_in(low, end - 1)

@@ -1,15 +1,18 @@
-"""One document through the model's tokenizer, the anchor finder and the boundary choice."""
+"""One document through the model's tokenizer, the anchor finder and the boundary choice:
+the document cut into passages."""
 
 from dataclasses import dataclass
 
 from common.tokenizer import Tokenizer
 from services.chunker.anchors import find_anchors
-from services.chunker.boundaries import Chunk, ChunkParams, choose_chunks
+from services.chunker.boundaries import ChunkParams, Passage, choose_passages
 
 
 @dataclass(frozen=True)
-class ChunkedDocument:
-    chunks: list[Chunk]
+class SplitDocument:
+    """A document cut into passages, in text order."""
+
+    passages: list[Passage]
     total_tokens: int
 
 
@@ -28,7 +31,7 @@ class Chunker:
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
 
-    def chunk(self, text: str, params: ChunkParams) -> ChunkedDocument:
+    def split(self, text: str, params: ChunkParams) -> SplitDocument:
         tokens = tokenize(self.tokenizer, text)
-        chunks = choose_chunks(find_anchors(text), tokens.offsets, len(text), params)
-        return ChunkedDocument(chunks, len(tokens.offsets))
+        passages = choose_passages(find_anchors(text), tokens.offsets, len(text), params)
+        return SplitDocument(passages, len(tokens.offsets))

@@ -6,7 +6,7 @@ paragraph per line (as our fixtures are) make every line a clause, numbered or n
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from services.chunker.boundaries import Chunk, first_token_at
+from services.chunker.boundaries import Passage, first_token_at
 
 
 @dataclass(frozen=True)
@@ -27,13 +27,13 @@ def clauses(text: str) -> list[Clause]:
     return [Clause(start, end, unit_end) for (start, end), unit_end in zip(spans, next_starts)]
 
 
-def is_split(clause: Clause, chunks: list[Chunk]) -> bool:
-    """No chunk holds the whole clause."""
-    return not any(c.start_char <= clause.start_char and clause.end_char <= c.end_char for c in chunks)
+def is_split(clause: Clause, passages: list[Passage]) -> bool:
+    """No passage holds the whole clause."""
+    return not any(p.start_char <= clause.start_char and clause.end_char <= p.end_char for p in passages)
 
 
-def count_split(clause_list: list[Clause], chunks: list[Chunk]) -> int:
-    return sum(is_split(clause, chunks) for clause in clause_list)
+def count_split(clause_list: list[Clause], passages: list[Passage]) -> int:
+    return sum(is_split(clause, passages) for clause in clause_list)
 
 
 def unit_tokens(clause: Clause, token_starts: list[int]) -> int:

@@ -16,10 +16,12 @@ class ChunkerMetrics(MetricsEndpoint):
             "k25_chunker_requests", "Requests answered, by outcome (ok or the error code)", ["outcome"], registry=r
         )
         self.duration = Histogram(
-            "k25_chunker_request_duration_seconds", "Tokenizing and chunking one document", buckets=_DURATION_BUCKETS, registry=r
+            "k25_chunker_request_duration_seconds", "Tokenizing one document and cutting it into passages",
+            buckets=_DURATION_BUCKETS, registry=r,
         )
         self.document_bytes = Histogram(
-            "k25_chunker_document_bytes", "UTF-8 size of the documents chunked", buckets=_BYTES_BUCKETS, registry=r
+            "k25_chunker_document_bytes", "UTF-8 size of the documents split", buckets=_BYTES_BUCKETS, registry=r
         )
-        self.chunks = Counter("k25_chunker_chunks", "Chunks returned", registry=r)
-        self.tokens = Counter("k25_chunker_tokens", "Document tokens chunked", registry=r)
+        # the metric keeps its name: each Chunk message it counts is one passage
+        self.passages = Counter("k25_chunker_chunks", "Passages returned (Chunk messages)", registry=r)
+        self.tokens = Counter("k25_chunker_tokens", "Document tokens split into passages", registry=r)

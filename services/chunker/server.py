@@ -5,7 +5,7 @@ A frame that is not [identity, ChunkRequest] is answered with an Error INVALID_A
 `max_document_bytes`. Frames beyond `max_frame_bytes` (four times the document limit)
 are dropped by ZMQ itself, which closes that peer's connection: the bound on what one
 frame may cost in memory. Answers to a peer that has gone or stopped reading (its queue
-at the high-water mark) are dropped. One thread serves; each document is chunked in turn.
+at the high-water mark) are dropped. One thread serves; each document is split in turn.
 """
 
 import logging
@@ -73,7 +73,7 @@ class ChunkerServer:
                 raise invalid_argument(f"expected one ChunkRequest frame, got {len(frames) - 1} frames")
             request = decode_request(frames[1])
             request_id = request.request_id
-            response = self._chunk(request)
+            response = self._split(request)
         except ChunkerError as error:
             if error.code == "INVALID_ARGUMENT":
                 self._log_malformed(identity, error)
@@ -88,7 +88,7 @@ class ChunkerServer:
         except zmq.Again:
             log.warning("dropped the answer to %r: peer %s is not reading", request_id, identity.hex())
 
-    def _chunk(self, request: k25_pb2.ChunkRequest) -> k25_pb2.ChunkResponse:
+    def _split(self, request: k25_pb2.ChunkRequest) -> k25_pb2.ChunkResponse:
         params = params_of(request, self.settings.defaults)
         size = len(request.text.encode("utf-8"))
         if size > self.settings.max_document_bytes:
@@ -99,15 +99,17 @@ class ChunkerServer:
         started = time.perf_counter()
         parent = context_from(request.trace.traceparent, request.trace.tracestate)
         with tracer.start_as_current_span("k25.chunker.chunk", context=parent, kind=SpanKind.SERVER) as span:
-            document = self.chunker.chunk(request.text, params)
+            document = self.chunker.split(request.text, params)
+            # the span's attribute names stay as dashboards know them: k25.chunk_size is the
+            # passage budget, k25.chunks the number of passages
             span.set_attributes({"k25.request_id": request.request_id, "k25.document_bytes": size,
-                                 "k25.chunk_size": params.chunk_size, "k25.chunks": len(document.chunks),
+                                 "k25.chunk_size": params.passage_tokens, "k25.chunks": len(document.passages),
                                  "k25.document_tokens": document.total_tokens})
         self.metrics.duration.observe(time.perf_counter() - started)
         self.metrics.document_bytes.observe(size)
-        self.metrics.chunks.inc(len(document.chunks))
+        self.metrics.passages.inc(len(document.passages))
         self.metrics.tokens.inc(document.total_tokens)
-        log.debug("chunked %r: %d tokens, %d chunks", request.request_id, document.total_tokens, len(document.chunks))
+        log.debug("split %r: %d tokens, %d passages", request.request_id, document.total_tokens, len(document.passages))
         return response_of(request.request_id, document)
 
     def _log_malformed(self, identity: bytes, error: ChunkerError) -> None:

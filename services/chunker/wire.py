@@ -1,10 +1,13 @@
-"""Pure conversions between the chunker's protobuf messages and its own types."""
+"""Pure conversions between the chunker's protobuf messages and its own types.
+
+proto keeps its names: ChunkRequest.chunk_size is a passage's token budget
+(`ChunkParams.passage_tokens`), and each `Chunk` message is one `Passage`."""
 
 from google.protobuf.message import DecodeError
 
 from proto import k25_pb2
-from services.chunker.boundaries import Chunk, ChunkParams
-from services.chunker.chunker import ChunkedDocument
+from services.chunker.boundaries import ChunkParams, Passage
+from services.chunker.chunker import SplitDocument
 from services.chunker.errors import ChunkerError, invalid_argument
 
 
@@ -23,7 +26,7 @@ def params_of(request: k25_pb2.ChunkRequest, defaults: ChunkParams) -> ChunkPara
     """The request's parameters; 0 or unset fields take the chunker's defaults."""
     try:
         return ChunkParams(
-            chunk_size=request.chunk_size or defaults.chunk_size,
+            passage_tokens=request.chunk_size or defaults.passage_tokens,
             overlap_ratio=request.overlap_ratio if request.HasField("overlap_ratio") else defaults.overlap_ratio,
             semantic_threshold=(
                 request.semantic_threshold if request.HasField("semantic_threshold") else defaults.semantic_threshold
@@ -34,20 +37,21 @@ def params_of(request: k25_pb2.ChunkRequest, defaults: ChunkParams) -> ChunkPara
 
 
 def build_request(
-    request_id: str, text: str, chunk_size: int = 0, overlap_ratio: float | None = None,
+    request_id: str, text: str, passage_tokens: int = 0, overlap_ratio: float | None = None,
     semantic_threshold: float | None = None, traceparent: str = "", tracestate: str = "",
 ) -> k25_pb2.ChunkRequest:
+    """A ChunkRequest; passage_tokens goes in its chunk_size field (0: the chunker's default)."""
     return k25_pb2.ChunkRequest(
-        request_id=request_id, text=text, chunk_size=chunk_size, overlap_ratio=overlap_ratio,
+        request_id=request_id, text=text, chunk_size=passage_tokens, overlap_ratio=overlap_ratio,
         semantic_threshold=semantic_threshold,
         trace=k25_pb2.TraceContext(traceparent=traceparent, tracestate=tracestate),
     )
 
 
-def response_of(request_id: str, document: ChunkedDocument) -> k25_pb2.ChunkResponse:
+def response_of(request_id: str, document: SplitDocument) -> k25_pb2.ChunkResponse:
     return k25_pb2.ChunkResponse(
         request_id=request_id,
-        chunks=[k25_pb2.Chunk(**chunk.as_dict()) for chunk in document.chunks],
+        chunks=[k25_pb2.Chunk(**passage.as_dict()) for passage in document.passages],
         total_tokens=document.total_tokens,
     )
 
@@ -59,9 +63,9 @@ def error_response(request_id: str, error: ChunkerError) -> k25_pb2.ChunkRespons
     )
 
 
-def document_of(response: k25_pb2.ChunkResponse) -> ChunkedDocument:
-    """The chunks a response carries; ChunkerError if it carries an error instead."""
+def document_of(response: k25_pb2.ChunkResponse) -> SplitDocument:
+    """The passages a response carries; ChunkerError if it carries an error instead."""
     if response.HasField("error"):
         raise ChunkerError(k25_pb2.ErrorCode.Name(response.error.code), response.error.message)
-    chunks = [Chunk(c.start_char, c.end_char, c.start_token, c.end_token, c.anchor) for c in response.chunks]
-    return ChunkedDocument(chunks, response.total_tokens)
+    passages = [Passage(c.start_char, c.end_char, c.start_token, c.end_token, c.anchor) for c in response.chunks]
+    return SplitDocument(passages, response.total_tokens)

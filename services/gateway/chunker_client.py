@@ -4,13 +4,14 @@ One DEALER socket carries any number of concurrent requests; a single reader tas
 each ChunkResponse to its caller by request_id.
 
     client = ChunkerClient("tcp://chunker:5600")
-    document = await client.chunk(text, chunk_size=512, overlap_ratio=0.1, semantic_threshold=0.5,
-                                  traceparent=traceparent)
-    for chunk in document.chunks: ...       # k25_pb2.Chunk: start_char, end_char, start_token, end_token, anchor
+    split = await client.chunk(text, passage_tokens=512, overlap_ratio=0.1, semantic_threshold=0.5,
+                               traceparent=traceparent)
+    for passage in split.chunks: ...        # k25_pb2.Chunk: start_char, end_char, start_token, end_token, anchor
     client.close()
 
 It speaks only the wire contract (proto's ChunkRequest and ChunkResponse), so the gateway
-needs nothing of the chunker's code. A refusal raises ChunkerError with the service's code (e.g. INVALID_ARGUMENT for a document
+needs nothing of the chunker's code. proto keeps the chunker's names: each `Chunk` message is
+one passage of the document, and ChunkRequest.chunk_size is a passage's token budget. A refusal raises ChunkerError with the service's code (e.g. INVALID_ARGUMENT for a document
 above its size limit); no answer within `timeout_s` raises ChunkerError(DEADLINE_EXCEEDED).
 """
 
@@ -50,15 +51,15 @@ class ChunkerClient:
         self._reader: asyncio.Task | None = None
 
     async def chunk(
-        self, text: str, chunk_size: int = 0, overlap_ratio: float | None = None,
+        self, text: str, passage_tokens: int = 0, overlap_ratio: float | None = None,
         semantic_threshold: float | None = None, traceparent: str = "", tracestate: str = "",
     ) -> k25_pb2.ChunkResponse:
-        """The document's chunks; 0 or None parameters take the service's defaults."""
+        """The document cut into passages by the chunker; 0 or None parameters take the service's defaults."""
         if self._reader is None or self._reader.done():
             self._reader = asyncio.create_task(self._read())
         request_id = uuid.uuid4().hex
         request = k25_pb2.ChunkRequest(
-            request_id=request_id, text=text, chunk_size=chunk_size, overlap_ratio=overlap_ratio,
+            request_id=request_id, text=text, chunk_size=passage_tokens, overlap_ratio=overlap_ratio,
             semantic_threshold=semantic_threshold,
             trace=k25_pb2.TraceContext(traceparent=traceparent, tracestate=tracestate),
         )

@@ -1,18 +1,23 @@
-"""K25's own routes for long documents: `POST /v1/chunks` (the chunker through the gateway)
-and `POST /v1/documents/ask` (map over the chunks, reduce to one answer with citations)."""
+"""K25's own routes for long documents: `POST /v1/chunks` (the chunker through the gateway: the
+document's passages) and `POST /v1/documents/ask` (map over the passages, reduce to one answer
+with citations).
+
+The routes and their response fields ("data", "chunks", ...) keep their names: each "chunk" they
+speak of is a passage. The request field `passage_tokens` (a passage's token budget, not a pool's
+`chunk_size`) still accepts its old name `chunk_size`."""
 
 import time
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from opentelemetry import trace
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from common.tracing import traceparent_of
 from services.gateway.api_keys import Caller
 from services.gateway.chunker_client import ChunkerError
 from services.gateway.disconnect import unless_client_leaves
-from services.gateway.documents import Part, citations, reduce_messages, take_notes
+from services.gateway.documents import Passage, citations, reduce_messages, take_notes
 from services.gateway.errors import OpenAIError, invalid_request
 from services.gateway.openai_schema import ChatCompletionRequest
 from services.gateway.service import Gateway, ReplyShape
@@ -27,24 +32,34 @@ _CHUNKER_ERRORS = {
 }
 
 
-class ChunkingFields(BaseModel):
+class SplitFields(BaseModel):
+    """How the chunker cuts the document into passages; unset fields take the chunker's defaults."""
+
     model_config = ConfigDict(extra="ignore")
 
-    chunk_size: int | None = Field(None, ge=16, description="tokens per chunk at most (default: the chunker's)")
-    overlap_ratio: float | None = Field(None, ge=0.0, le=0.5)
-    semantic_threshold: float | None = Field(None, ge=0.0, le=1.0)
+    passage_tokens: int | None = Field(  # ge: the chunker's MIN_PASSAGE_TOKENS
+        None, ge=16, validation_alias=AliasChoices("passage_tokens", "chunk_size"),
+        description="a passage's token budget: most tokens in one passage the chunker cuts (default: the chunker's). "
+        "`chunk_size` is accepted as its old name; it is not the pool's chunk_size.",
+    )
+    overlap_ratio: float | None = Field(
+        None, ge=0.0, le=0.5, description="share of passage_tokens a passage may repeat from the one before"
+    )
+    semantic_threshold: float | None = Field(
+        None, ge=0.0, le=1.0, description="weakest anchor that may end a passage by choice: 0 any line, 1 chapters only"
+    )
 
 
-class ChunksRequest(ChunkingFields):
+class ChunksRequest(SplitFields):
     text: str = Field(min_length=1)
 
 
-class AskRequest(ChunkingFields):
+class AskRequest(SplitFields):
     model: str
     document: str = Field(min_length=1)
     question: str = Field(min_length=1)
     max_tokens: int = Field(256, ge=1, description="tokens of the final answer at most")
-    note_max_tokens: int = Field(128, ge=1, description="tokens of each chunk's note at most")
+    note_max_tokens: int = Field(128, ge=1, description="tokens of each passage's note at most")
     stream: bool = False
     user: str | None = None
 
@@ -52,22 +67,22 @@ class AskRequest(ChunkingFields):
 def install_document_routes(app: FastAPI, gateway: Gateway, caller) -> None:
     @app.post("/v1/chunks")
     async def chunks(body: ChunksRequest, request: Request, caller: Caller = Depends(caller)):
-        document = await _chunk(gateway, body, body.text, request.state.span)
-        return {"object": "list", "total_tokens": document.total_tokens,
-                "data": [{"index": i, **_chunk_json(c)} for i, c in enumerate(document.chunks)]}
+        split = await _split(gateway, body, body.text, request.state.span)
+        return {"object": "list", "total_tokens": split.total_tokens,
+                "data": [{"index": i, **_passage_json(p)} for i, p in enumerate(split.chunks)]}
 
     @app.post("/v1/documents/ask")
     async def ask(body: AskRequest, request: Request, caller: Caller = Depends(caller)):
-        gateway.resolve_model(body.model, caller, body.user)  # an unknown model fails before any chunking
+        gateway.resolve_model(body.model, caller, body.user)  # an unknown model fails before the chunker is asked
         return await unless_client_leaves(request, _ask(gateway, body, request.state.span, caller))
 
 
 async def _ask(gateway: Gateway, body: AskRequest, parent_span, caller: Caller):
     with tracer.start_as_current_span("k25.documents.ask", context=trace.set_span_in_context(parent_span)) as span:
-        document = await _chunk(gateway, body, body.document, span)
-        parts = [Part(i + 1, c.anchor, c.start_char, c.end_char, body.document[c.start_char:c.end_char])
-                 for i, c in enumerate(document.chunks)]
-        span.set_attributes({"k25.chunks": len(parts), "k25.document_tokens": document.total_tokens})
+        split = await _split(gateway, body, body.document, span)
+        passages = [Passage(i + 1, p.anchor, p.start_char, p.end_char, body.document[p.start_char:p.end_char])
+                    for i, p in enumerate(split.chunks)]
+        span.set_attributes({"k25.chunks": len(passages), "k25.document_tokens": split.total_tokens})
         usage = {"prompt_tokens": 0, "completion_tokens": 0}
 
         async def note(messages: list[dict]) -> str:
@@ -76,23 +91,24 @@ async def _ask(gateway: Gateway, body: AskRequest, parent_span, caller: Caller):
             usage["completion_tokens"] += answer.final.usage.completion_tokens
             return answer.text
 
-        parts = await take_notes(body.question, parts, note)
-        final_job = _job(gateway, body, reduce_messages(body.question, parts), body.max_tokens, caller)
+        passages = await take_notes(body.question, passages, note)
+        final_job = _job(gateway, body, reduce_messages(body.question, passages), body.max_tokens, caller)
         if body.stream:
             return await gateway.stream(final_job, ReplyShape(True), span, epilogue=lambda text: [
-                {"id": final_job.request_id, "object": "document.citations", "citations": citations(text, parts)}
+                {"id": final_job.request_id, "object": "document.citations", "citations": citations(text, passages)}
             ])
         answer = await gateway.generate(final_job, ReplyShape(True), span)
     usage["prompt_tokens"] += answer.final.usage.prompt_tokens
     usage["completion_tokens"] += answer.final.usage.completion_tokens
     return JSONResponse({
         "id": final_job.request_id, "object": "document.answer", "created": int(time.time()), "model": body.model,
-        "answer": answer.text, "citations": citations(answer.text, parts), "chunks": len(parts),
+        "answer": answer.text, "citations": citations(answer.text, passages), "chunks": len(passages),
         "usage": {**usage, "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]},
     })
 
 
-async def _chunk(gateway: Gateway, fields: ChunkingFields, text: str, parent_span):
+async def _split(gateway: Gateway, fields: SplitFields, text: str, parent_span):
+    """The chunker's ChunkResponse for the text: its `chunks` are the passages, in text order."""
     if gateway.chunker is None:
         raise OpenAIError(503, "this gateway has no chunker (start it with --chunker-address)", "server_error",
                           "chunker_unavailable")
@@ -100,20 +116,20 @@ async def _chunk(gateway: Gateway, fields: ChunkingFields, text: str, parent_spa
                                       kind=trace.SpanKind.CLIENT) as span:
         traceparent, tracestate = traceparent_of(span)
         try:
-            document = await gateway.chunker.chunk(text, fields.chunk_size or 0, fields.overlap_ratio,
-                                                   fields.semantic_threshold, traceparent, tracestate)
+            split = await gateway.chunker.chunk(text, fields.passage_tokens or 0, fields.overlap_ratio,
+                                                fields.semantic_threshold, traceparent, tracestate)
         except ChunkerError as exc:
             status, type_ = _CHUNKER_ERRORS.get(exc.code, (502, "server_error"))
             raise OpenAIError(status, f"chunker: {exc.message}", type_, exc.code.lower()) from None
-        span.set_attribute("k25.chunks", len(document.chunks))
-    if not document.chunks:
-        raise invalid_request("the document has no text to chunk", "document")
-    return document
+        span.set_attribute("k25.chunks", len(split.chunks))
+    if not split.chunks:
+        raise invalid_request("the document has no text to split into passages", "document")
+    return split
 
 
-def _chunk_json(chunk) -> dict:
-    return {"start_char": chunk.start_char, "end_char": chunk.end_char, "start_token": chunk.start_token,
-            "end_token": chunk.end_token, "anchor": chunk.anchor}
+def _passage_json(passage) -> dict:
+    return {"start_char": passage.start_char, "end_char": passage.end_char, "start_token": passage.start_token,
+            "end_token": passage.end_token, "anchor": passage.anchor}
 
 
 def _job(gateway: Gateway, body: AskRequest, messages: list[dict], max_tokens: int, caller: Caller):

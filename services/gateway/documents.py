@@ -1,5 +1,5 @@
-"""Long-document questions: map the question over the document's chunks, reduce the notes
-into one answer, and cite the chunks it drew on.
+"""Long-document questions: map the question over the document's passages, reduce the notes
+into one answer, and cite the passages it drew on.
 
 The prompts and the citation choice are pure functions; `ask` runs them through the
 chunker and the engines (the map requests concurrently).
@@ -14,8 +14,8 @@ _CITED = re.compile(r"\[(\d+)\]")
 
 
 @dataclass(frozen=True)
-class Part:
-    """One chunk of the document with what the map step noted in it."""
+class Passage:
+    """One passage of the document (as the chunker cut it) with what the map step noted in it."""
 
     index: int  # 1-based, as cited in the notes
     anchor: str
@@ -32,20 +32,21 @@ class Part:
         return {"index": self.index, "anchor": self.anchor, "start_char": self.start_char, "end_char": self.end_char}
 
 
-def map_messages(question: str, part: Part) -> list[dict]:
-    opening = f" (it opens at {part.anchor})" if part.anchor else ""
+# the prompts call a passage a "part", the plain word for the model
+def map_messages(question: str, passage: Passage) -> list[dict]:
+    opening = f" (it opens at {passage.anchor})" if passage.anchor else ""
     return [
         {"role": "system", "content": "You read one part of a long document and note only what in it bears on a question."},
         {"role": "user", "content": (
-            f"Question: {question}\n\nPart {part.index} of the document{opening}:\n{part.text}\n\n"
+            f"Question: {question}\n\nPart {passage.index} of the document{opening}:\n{passage.text}\n\n"
             f"Quote or summarise what in this part bears on the question, naming its clause or article. "
             f"If nothing in it does, answer exactly {NOTHING}."
         )},
     ]
 
 
-def reduce_messages(question: str, parts: list[Part]) -> list[dict]:
-    relevant = [p for p in parts if p.relevant]
+def reduce_messages(question: str, passages: list[Passage]) -> list[dict]:
+    relevant = [p for p in passages if p.relevant]
     notes = "\n".join(f"[{p.index}] ({p.anchor or 'part ' + str(p.index)}) {p.note.strip()}" for p in relevant)
     return [
         {"role": "system", "content": "You answer questions about a document from notes taken on its parts."},
@@ -56,14 +57,14 @@ def reduce_messages(question: str, parts: list[Part]) -> list[dict]:
     ]
 
 
-def citations(answer: str, parts: list[Part]) -> list[dict]:
-    """The parts the answer cites by [n]; if it cites none, every part whose note bore on the question."""
-    by_index = {p.index: p for p in parts}
+def citations(answer: str, passages: list[Passage]) -> list[dict]:
+    """The passages the answer cites by [n]; if it cites none, every passage whose note bore on the question."""
+    by_index = {p.index: p for p in passages}
     cited = [by_index[n] for n in dict.fromkeys(int(m) for m in _CITED.findall(answer)) if n in by_index]
-    return [p.citation() for p in (cited or [p for p in parts if p.relevant])]
+    return [p.citation() for p in (cited or [p for p in passages if p.relevant])]
 
 
-async def take_notes(question: str, parts: list[Part], note) -> list[Part]:
-    """Run `note(messages)` for every part at once; the parts with their notes, in order."""
-    notes = await asyncio.gather(*(note(map_messages(question, p)) for p in parts))
-    return [Part(p.index, p.anchor, p.start_char, p.end_char, p.text, n) for p, n in zip(parts, notes)]
+async def take_notes(question: str, passages: list[Passage], note) -> list[Passage]:
+    """Run `note(messages)` for every passage at once; the passages with their notes, in order."""
+    notes = await asyncio.gather(*(note(map_messages(question, p)) for p in passages))
+    return [Passage(p.index, p.anchor, p.start_char, p.end_char, p.text, n) for p, n in zip(passages, notes)]

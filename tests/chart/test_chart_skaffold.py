@@ -81,15 +81,27 @@ def test_the_deploy_installs_this_chart_with_existing_values_and_built_images(pr
     result = helm("template", release["name"], str(CHART), *[a for f in values_files for a in ("--values", str(f))],
                   *[a for s in sets for a in ("--set", s)])
     assert result.returncode == 0, result.stderr
-    pools = of_kind([d for d in yaml.safe_load_all(result.stdout) if d], "EnginePool")
-    engine_image = "k25_engine" if "k25_engine" in built else "k25"
-    assert {p["spec"]["image"] for p in pools} == {f"registry.local/{engine_image}:dev-1"}
+    objects = [d for d in yaml.safe_load_all(result.stdout) if d]
+    # each component runs the image built for it, engines the one engine image this config builds
+    for component in ("gateway", "chunker", "operator"):
+        [deployment] = [d for d in of_kind(objects, "Deployment") if d["metadata"]["name"] == f"{RELEASE}-{component}"]
+        assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == f"registry.local/k25_{component}:dev-1"
+    [engine_image] = built & {"k25_engine", "k25_engine_cpu"}
+    assert {p["spec"]["image"] for p in of_kind(objects, "EnginePool")} == {f"registry.local/{engine_image}:dev-1"}
     assert release["name"] == RELEASE
+
+
+def parts_built(config: dict) -> dict[str, str]:
+    """image -> the part it is built for: its PART build argument, or the CUDA engine."""
+    return {a["image"]: a["docker"].get("buildArgs", {}).get("PART", "engine-cuda")
+            if a["docker"]["dockerfile"] == "docker/cpu.Dockerfile" else "engine-cuda" for a in config["build"]["artifacts"]}
 
 
 def test_the_kind_loop_builds_no_cuda_image_and_asks_for_no_gpu():
     config = effective("kind-cpu")
-    assert [a["docker"]["dockerfile"] for a in config["build"]["artifacts"]] == ["docker/cpu.Dockerfile"]
+    assert {a["docker"]["dockerfile"] for a in config["build"]["artifacts"]} == {"docker/cpu.Dockerfile"}
+    assert parts_built(config) == {"k25-gateway": "gateway", "k25-chunker": "chunker", "k25-operator": "operator",
+                                   "k25-engine-cpu": "engine-cpu"}
     assert config["build"]["local"]["push"] is False
     values = yaml.safe_load((ROOT / config["deploy"]["helm"]["releases"][0]["valuesFiles"][0]).read_text())
     assert values["model"] == "tiny-random"
@@ -97,8 +109,8 @@ def test_the_kind_loop_builds_no_cuda_image_and_asks_for_no_gpu():
 
 
 def test_the_gpu_profile_builds_the_cuda_engine_image():
-    dockerfiles = [a["docker"]["dockerfile"] for a in effective("gpu")["build"]["artifacts"]]
-    assert sorted(dockerfiles) == ["docker/cpu.Dockerfile", "docker/engine-cuda.Dockerfile"]
+    assert parts_built(effective("gpu")) == {"k25-gateway": "gateway", "k25-chunker": "chunker", "k25-operator": "operator",
+                                             "k25-engine": "engine-cuda"}
 
 
 # --- Dockerfiles ----------------------------------------------------------------------------
@@ -141,7 +153,8 @@ def test_the_image_runs_as_the_uid_the_chart_and_operator_expect(dockerfile):
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
 def test_the_image_copies_every_package_and_nothing_the_context_leaves_out(dockerfile):
-    copied = [arg.split()[0] for op, arg in instructions(dockerfile) if op == "COPY" and not arg.startswith("--from")]
+    copied = [source for op, arg in instructions(dockerfile) if op == "COPY" and not arg.startswith("--from")
+              for source in arg.split()[:-1]]
     for source in copied:
         assert (ROOT / source).exists(), source
         assert not docker_ignored(source), f"{source} is left out of the build context by .dockerignore"
@@ -157,15 +170,48 @@ def test_the_dockerignore_keeps_the_virtualenv_and_caches_out():
     assert not docker_ignored("engine/model.py")
 
 
+# every image the Dockerfiles build: (Dockerfile, PART build argument, pyproject.toml extra it must install)
+IMAGES = [("cpu.Dockerfile", "gateway", "gateway"), ("cpu.Dockerfile", "chunker", "chunker"),
+          ("cpu.Dockerfile", "operator", "operator"), ("cpu.Dockerfile", "engine-cpu", "engine"),
+          ("engine-cuda.Dockerfile", None, "engine")]
+
+
+def image_requirements(dockerfile: str, part: str | None) -> list[str]:
+    """The requirements the image installs: its `python /src/requirements.py ...` run as the
+    image's shell runs it, with its PART, against this tree."""
+    runs = " ".join(arg for op, arg in instructions(ROOT / "docker" / dockerfile) if op == "RUN")
+    [command] = re.findall(r"python /src/requirements\.py [^&;>]+", runs)
+    command = command.replace("python /src/requirements.py /src/pyproject.toml",
+                              f"{sys.executable} {ROOT / 'docker' / 'requirements.py'} {ROOT / 'pyproject.toml'}")
+    result = subprocess.run(["sh", "-c", command], env={"PART": part or ""}, capture_output=True, text=True, check=True)
+    return result.stdout.split()
+
+
+def test_the_dockerfiles_are_the_images_listed_here():
+    assert sorted({dockerfile for dockerfile, _, _ in IMAGES}) == [p.name for p in DOCKERFILES]
+    [check] = [arg for op, arg in instructions(ROOT / "docker" / "cpu.Dockerfile") if op == "RUN" and "case" in arg]
+    assert re.search(r"case \"\$PART\" in gateway\|chunker\|operator\|engine-cpu\)", check)  # any other PART fails the build
+
+
+@pytest.mark.parametrize("dockerfile, part, extra", IMAGES, ids=lambda v: v)
+def test_each_image_installs_only_its_parts_extra(dockerfile, part, extra):
+    wanted = image_requirements(dockerfile, part)
+    assert wanted == PYPROJECT["project"]["dependencies"] + PYPROJECT["project"]["optional-dependencies"][extra]
+    names = {re.match(r"[\w.-]+", r).group().lower() for r in wanted}
+    if extra != "engine":
+        assert not names & {"torch", "triton"}, names
+    if extra in ("gateway", "chunker", "engine"):
+        assert "kopf" not in names and "kubernetes" not in names
+    assert not names & {"matplotlib", "tqdm"}  # benchmarks' only, never in an image
+
+
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
-def test_the_images_pin_the_torch_the_makefile_pins_and_install_the_listed_dependencies(dockerfile, tmp_path):
+def test_the_images_pin_the_torch_the_makefile_pins(dockerfile):
     makefile_torch = re.search(r"torch==[\d.]+", (ROOT / "Makefile").read_text()).group()
-    runs = " ".join(arg for op, arg in instructions(dockerfile) if op == "RUN")
-    assert makefile_torch in runs
-    [command] = re.findall(r'python -c "([^"]+)"', runs)
-    result = subprocess.run([sys.executable, "-c", command.replace("/src/pyproject.toml", str(ROOT / "pyproject.toml"))],
-                            capture_output=True, text=True, check=True)
-    assert result.stdout.split() == PYPROJECT["project"]["dependencies"]
+    [torch] = [arg for op, arg in instructions(dockerfile) if op == "RUN" and "torch==" in arg]
+    assert makefile_torch in torch
+    if dockerfile.name == "cpu.Dockerfile":  # only the engine's image gets torch
+        assert re.match(r'if \[ "\$PART" = engine-cpu \]; then pip install torch==', torch), torch
 
 
 def test_the_cpu_image_takes_torch_from_the_cpu_index_and_the_engine_image_has_a_compiler_for_triton():

@@ -49,6 +49,8 @@ def rollouts(*entries: str, lora: int = 2) -> str:
      "/gateway/apiKeys/entries/0/sha256': 'k25-plain-text-key' does not match"),
     ("gateway:\n  port: 80\n", "/gateway/port': minimum: got 80, want 1,024"),
     ("image:\n  tag: 1.2\n", "/image/tag': got number, want string"),
+    ("gateway:\n  image:\n    repository: k25 gateway\n", "/gateway/image/repository': 'k25 gateway' does not match"),
+    ("operator:\n  image:\n    name: k25-operator\n", "additional properties 'name' not allowed"),
     ("tracing:\n  otlpEndpoint: collector:4317\n", "/tracing/otlpEndpoint': 'collector:4317' does not match"),
     # what a schema cannot say, the chart's templates check
     (pools(H100 + ", minReplicas: 5, maxReplicas: 2}"), "engine.pools[0] (h100): minReplicas (5) must not exceed maxReplicas (2)"),

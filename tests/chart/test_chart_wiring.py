@@ -112,6 +112,42 @@ def test_an_external_redis_reaches_every_component_and_the_engines():
     # the operator hands its own --redis-url to the engines (operators/deployment.py)
 
 
+# --- images: one per component -----------------------------------------------------------------
+
+def images_with(*sets: str) -> dict[str, tuple[str, str]]:
+    """component -> (image, pull policy) as helm renders them with these --set values; the
+    engines' image is what the EnginePools name."""
+    result = helm("template", RELEASE, str(CHART), *[a for s in sets for a in ("--set", s)])
+    assert result.returncode == 0, result.stderr
+    objects = [d for d in yaml.safe_load_all(result.stdout) if d]
+    images = {}
+    for component in ("gateway", "chunker", "operator"):
+        c = container(objects, "Deployment", f"{RELEASE}-{component}")
+        images[component] = (c["image"], c["imagePullPolicy"])
+    [images["engine"]] = {(p["spec"]["image"], "") for p in of_kind(objects, "EnginePool")}
+    return images
+
+
+def test_each_component_runs_its_own_image():
+    assert images_with() == {"gateway": ("k25-gateway:0.1.0", "IfNotPresent"), "chunker": ("k25-chunker:0.1.0", "IfNotPresent"),
+                             "operator": ("k25-operator:0.1.0", "IfNotPresent"), "engine": ("k25-engine:0.1.0", "")}
+
+
+def test_image_names_the_registry_and_tag_of_every_component_image_as_before():
+    images = images_with("image.repository=registry.example.com:5000/k25", "image.tag=0.2.0", "image.pullPolicy=Always")
+    assert images == {"gateway": ("registry.example.com:5000/k25-gateway:0.2.0", "Always"),
+                      "chunker": ("registry.example.com:5000/k25-chunker:0.2.0", "Always"),
+                      "operator": ("registry.example.com:5000/k25-operator:0.2.0", "Always"),
+                      "engine": ("k25-engine:0.1.0", "")}  # engineImage is set on its own, as before
+
+
+def test_a_components_own_image_wins():
+    images = images_with("image.tag=0.2.0", "gateway.image.repository=registry.example.com/gw", "chunker.image.tag=c1",
+                         "operator.image.pullPolicy=Never", "engineImage.repository=registry.example.com/engine")
+    assert images == {"gateway": ("registry.example.com/gw:0.2.0", "IfNotPresent"), "chunker": ("k25-chunker:c1", "IfNotPresent"),
+                      "operator": ("k25-operator:0.2.0", "Never"), "engine": ("registry.example.com/engine:0.1.0", "")}
+
+
 # --- API keys ------------------------------------------------------------------------------
 
 def test_api_key_entries_become_a_secret_the_gateway_can_load(tmp_path):
@@ -198,7 +234,7 @@ def test_the_cpu_dev_values_ask_for_no_gpu_and_no_volume():
     pod = engine["spec"]["template"]["spec"]
     assert pod["containers"][0]["resources"] == {} and pod["tolerations"] == []
     assert "--device" in pod["containers"][0]["args"] and pod["containers"][0]["args"][-1] == "cpu"
-    assert pod["containers"][0]["image"] == "k25:0.1.0"  # the CPU image
+    assert pod["containers"][0]["image"] == "k25-engine-cpu:0.1.0"  # the CPU engine image
     assert not of_kind(objects, "PersistentVolumeClaim")
     [redis] = of_kind(objects, "StatefulSet")
     assert "volumeClaimTemplates" not in redis["spec"]

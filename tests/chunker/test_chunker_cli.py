@@ -20,17 +20,23 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def test_chunk_prints_the_chunks_as_json(capsys):
-    code, out, _ = run_cli(capsys, "chunk", "--chunk-size", "200", "--overlap-ratio", "0", str(LICENSE))
+def test_chunk_prints_the_passages_as_json(capsys):
+    code, out, _ = run_cli(capsys, "chunk", "--passage-tokens", "200", "--overlap-ratio", "0", str(LICENSE))
     assert code == 0
-    chunks = json.loads(out)["chunks"]
+    passages = json.loads(out)["chunks"]  # the output's key keeps its name
     assert set(json.loads(out)) == {"chunks"}
-    assert all(set(c) == {"start_char", "end_char", "start_token", "end_token", "anchor"} for c in chunks)
+    assert all(set(p) == {"start_char", "end_char", "start_token", "end_token", "anchor"} for p in passages)
     text = LICENSE.read_text(encoding="utf-8")
-    # no overlap: the chunks' texts put together are the file's text
-    assert "".join(text[c["start_char"] : c["end_char"]] for c in chunks) == text
-    assert all(c["end_token"] - c["start_token"] <= 200 for c in chunks)
-    assert any(c["anchor"].endswith("第十二条") for c in chunks)
+    # no overlap: the passages' texts put together are the file's text
+    assert "".join(text[p["start_char"] : p["end_char"]] for p in passages) == text
+    assert all(p["end_token"] - p["start_token"] <= 200 for p in passages)
+    assert any(p["anchor"].endswith("第十二条") for p in passages)
+
+
+def test_chunk_size_is_still_accepted_as_the_old_name_of_passage_tokens(capsys):
+    outputs = [run_cli(capsys, "chunk", flag, "200", str(LICENSE)) for flag in ("--passage-tokens", "--chunk-size")]
+    assert outputs[0][0] == outputs[1][0] == 0
+    assert outputs[0][1] == outputs[1][1]
 
 
 def test_chunk_reads_standard_input_in_a_real_process():
@@ -39,20 +45,22 @@ def test_chunk_reads_standard_input_in_a_real_process():
         [sys.executable, "-m", "k25.cli", "chunk", "-"], input=text.encode(), capture_output=True, timeout=120
     )
     assert result.returncode == 0, result.stderr.decode()
-    [chunk] = json.loads(result.stdout)["chunks"]
-    assert (chunk["start_char"], chunk["end_char"], chunk["anchor"]) == (0, len(text), "第一条")
+    [passage] = json.loads(result.stdout)["chunks"]
+    assert (passage["start_char"], passage["end_char"], passage["anchor"]) == (0, len(text), "第一条")
 
 
 @pytest.mark.parametrize(
     "argv, fragment",
     [
         (["chunk", "/no/such/file.txt"], "/no/such/file.txt: cannot read"),
-        (["chunk", "--chunk-size", "8", str(LICENSE)], "chunk_size must be between 16"),
+        (["chunk", "--chunk-size", "8", str(LICENSE)], "passage_tokens (chunk_size) must be between 16"),
+        (["chunk", "--passage-tokens", "8", str(LICENSE)], "passage_tokens (chunk_size) must be between 16"),
         (["chunk", "--overlap-ratio", "0.9", str(LICENSE)], "overlap_ratio must be between 0 and 0.5"),
         (["chunk", "--semantic-threshold", "1.5", str(LICENSE)], "semantic_threshold must be between 0 and 1"),
         (["chunk", "--model", "/no/such/model.gguf", str(LICENSE)], "/no/such/model.gguf"),
         (["chunker", "--max-document-bytes", "0"], "--max-document-bytes must be positive"),
-        (["chunker", "--chunk-size", "4"], "chunk_size must be between 16"),
+        (["chunker", "--chunk-size", "4"], "passage_tokens (chunk_size) must be between 16"),
+        (["chunker", "--passage-tokens", "4"], "passage_tokens (chunk_size) must be between 16"),
         (["bench", "chunk", "--repeats", "0", str(LICENSE)], "--repeats must be at least 1"),
         (["bench", "chunk", "/no/such/file.txt"], "/no/such/file.txt: cannot read"),
     ],
@@ -87,6 +95,8 @@ def test_bench_chunk_reports_speed_and_split_rates(capsys):
     result = json.loads(out)
     assert result["documents"] == len(files) and result["tokens"] > 10_000
     assert result["k25_speed"]["mb_per_s"] > 0 and result["fixed_speed"]["chunks_per_s"] > 0
+    # the JSON keeps its names: chunk_size is the passage budget
+    assert result["speed_params"] == {"chunk_size": 512, "overlap_ratio": 0.1, "semantic_threshold": 0.5}
     by_size = {r["chunk_size"]: r for r in result["split_rates"]}
     assert set(by_size) == {128, 256}
     for r in by_size.values():

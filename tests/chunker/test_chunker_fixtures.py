@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from bench.chunker_baseline import fixed_windows
 from common.tokenizer import load_tokenizer
-from services.chunker.boundaries import MIN_CHUNK_SIZE, ChunkParams
+from services.chunker.boundaries import MIN_PASSAGE_TOKENS, ChunkParams
 from services.chunker.chunker import Chunker, tokenize
 from services.chunker.clauses import clauses, count_split, is_split, unit_tokens
 from tests.helpers.paths import CONTRACTS
@@ -48,36 +48,37 @@ def test_clauses_are_the_non_empty_lines_with_their_line_breaks():
 @settings(max_examples=60, deadline=None)
 @given(
     name=st.sampled_from(NAMES),
-    chunk_size=st.integers(MIN_CHUNK_SIZE, 1200),
+    passage_tokens=st.integers(MIN_PASSAGE_TOKENS, 1200),
     overlap=st.floats(0, 0.5),
     threshold=st.floats(0, 1),
 )
-def test_no_clause_that_fits_is_split_and_every_chunk_fits(tokenizer, documents, name, chunk_size, overlap, threshold):
+def test_no_clause_that_fits_is_split_and_every_passage_fits(tokenizer, documents, name, passage_tokens, overlap, threshold):
     doc = documents[name]
-    chunks = Chunker(tokenizer).chunk(doc.text, ChunkParams(chunk_size, overlap, threshold)).chunks
+    passages = Chunker(tokenizer).split(doc.text, ChunkParams(passage_tokens, overlap, threshold)).passages
     starts = [start for start, _ in doc.offsets]
 
-    assert chunks[0].start_token == 0 and chunks[-1].end_token == len(doc.offsets)
-    assert chunks[0].start_char == 0 and chunks[-1].end_char == len(doc.text)
-    for chunk, following in zip(chunks, chunks[1:]):
-        assert chunk.start_token < following.start_token <= chunk.end_token < following.end_token
-    for chunk in chunks:
-        assert 0 < chunk.end_token - chunk.start_token <= chunk_size
+    assert passages[0].start_token == 0 and passages[-1].end_token == len(doc.offsets)
+    assert passages[0].start_char == 0 and passages[-1].end_char == len(doc.text)
+    for passage, following in zip(passages, passages[1:]):
+        assert passage.start_token < following.start_token <= passage.end_token < following.end_token
+    for passage in passages:
+        assert 0 < passage.end_token - passage.start_token <= passage_tokens
         # character spans are where the token spans begin in the text
-        assert chunk.start_char == (0 if chunk.start_token == 0 else starts[chunk.start_token])
-        assert chunk.end_char == (len(doc.text) if chunk.end_token == len(starts) else starts[chunk.end_token])
+        assert passage.start_char == (0 if passage.start_token == 0 else starts[passage.start_token])
+        assert passage.end_char == (len(doc.text) if passage.end_token == len(starts) else starts[passage.end_token])
 
-    fitting = [c for c in clauses(doc.text) if unit_tokens(c, starts) <= chunk_size]
-    split = [doc.text[c.start_char : c.end_char][:40] for c in fitting if is_split(c, chunks)]
+    fitting = [c for c in clauses(doc.text) if unit_tokens(c, starts) <= passage_tokens]
+    split = [doc.text[c.start_char : c.end_char][:40] for c in fitting if is_split(c, passages)]
     assert split == []
 
 
-@pytest.mark.parametrize("chunk_size", [64, 256, 1024])
-def test_a_chunk_tokenized_on_its_own_fits_its_budget(tokenizer, documents, chunk_size):
-    """The gateway tokenizes each chunk's text again: cut at character boundaries, it still fits."""
+@pytest.mark.parametrize("passage_tokens", [64, 256, 1024])
+def test_a_passage_tokenized_on_its_own_fits_its_budget(tokenizer, documents, passage_tokens):
+    """The gateway tokenizes each passage's text again: cut at character boundaries, it still fits."""
     for doc in documents.values():
-        for chunk in Chunker(tokenizer).chunk(doc.text, ChunkParams(chunk_size)).chunks:
-            assert len(tokenizer.encode(doc.text[chunk.start_char : chunk.end_char], add_special_tokens=False)) <= chunk_size
+        for passage in Chunker(tokenizer).split(doc.text, ChunkParams(passage_tokens)).passages:
+            text = doc.text[passage.start_char : passage.end_char]
+            assert len(tokenizer.encode(text, add_special_tokens=False)) <= passage_tokens
 
 
 def test_clause_token_counts_match_the_tokenizer_on_each_clause_alone(tokenizer, documents):
@@ -89,56 +90,56 @@ def test_clause_token_counts_match_the_tokenizer_on_each_clause_alone(tokenizer,
             assert abs(unit_tokens(clause, starts) - alone) <= 2
 
 
-@pytest.mark.parametrize("chunk_size", [128, 256, 512])
-def test_fewer_clauses_are_split_than_by_fixed_windows(tokenizer, documents, chunk_size):
-    params = ChunkParams(chunk_size)
+@pytest.mark.parametrize("passage_tokens", [128, 256, 512])
+def test_fewer_clauses_are_split_than_by_fixed_windows(tokenizer, documents, passage_tokens):
+    params = ChunkParams(passage_tokens)
     ours = fixed = total = 0
     for doc in documents.values():
         found = clauses(doc.text)
-        ours += count_split(found, Chunker(tokenizer).chunk(doc.text, params).chunks)
+        ours += count_split(found, Chunker(tokenizer).split(doc.text, params).passages)
         fixed += count_split(found, fixed_windows(doc.offsets, len(doc.text), params))
         total += len(found)
     assert fixed / total > 0.04  # the measure can fail: fixed windows do split clauses
     assert ours < fixed / 2
 
 
-def test_fixed_windows_are_chunk_size_tokens_each_overlapping_the_last():
+def test_fixed_windows_are_passage_tokens_long_each_overlapping_the_last():
     offsets = [(i, i + 1) for i in range(100)]
     windows = fixed_windows(offsets, 100, ChunkParams(40, 0.25))
     assert [(w.start_token, w.end_token) for w in windows] == [(0, 40), (30, 70), (60, 100)]
 
 
-def chunk_opening_at(chunks, text: str, opening: str):
+def passage_opening_at(passages, text: str, opening: str):
     char = text.index(opening)
-    return next(c for c in chunks if c.start_char <= char < c.start_char + 3)
+    return next(p for p in passages if p.start_char <= char < p.start_char + 3)
 
 
-def test_chunks_open_at_articles_and_carry_their_numbering(tokenizer, documents):
+def test_passages_open_at_articles_and_carry_their_numbering(tokenizer, documents):
     doc = documents["zh_software_license.txt"]
-    chunks = Chunker(tokenizer).chunk(doc.text, ChunkParams(256, 0.0)).chunks
-    openings = [doc.text[c.start_char : c.start_char + 12].strip() for c in chunks]
+    passages = Chunker(tokenizer).split(doc.text, ChunkParams(256, 0.0)).passages
+    openings = [doc.text[p.start_char : p.start_char + 12].strip() for p in passages]
     numbered = [o for o in openings if o.startswith(("第", "（", "附件"))]
-    assert len(numbered) >= len(chunks) * 0.6, openings
-    twelve = chunk_opening_at(chunks, doc.text, "第十二条 服务等级")
+    assert len(numbered) >= len(passages) * 0.6, openings
+    twelve = passage_opening_at(passages, doc.text, "第十二条 服务等级")
     assert twelve.anchor == "第四章 第十二条"
 
     doc = documents["en_master_services_agreement.txt"]
-    chunks = Chunker(tokenizer).chunk(doc.text, ChunkParams(256, 0.0)).chunks
-    anchors = {c.anchor for c in chunks}
+    passages = Chunker(tokenizer).split(doc.text, ChunkParams(256, 0.0)).passages
+    anchors = {p.anchor for p in passages}
     assert any(a.startswith("ARTICLE 7 7.") for a in anchors), anchors
 
 
-def test_the_threshold_changes_where_chunks_end(tokenizer, documents):
+def test_the_threshold_changes_where_passages_end(tokenizer, documents):
     doc = documents["zh_data_security_rules.txt"]
-    low = Chunker(tokenizer).chunk(doc.text, ChunkParams(512, 0.0, 0.0)).chunks
-    high = Chunker(tokenizer).chunk(doc.text, ChunkParams(512, 0.0, 1.0)).chunks
+    low = Chunker(tokenizer).split(doc.text, ChunkParams(512, 0.0, 0.0)).passages
+    high = Chunker(tokenizer).split(doc.text, ChunkParams(512, 0.0, 1.0)).passages
     chapters = {m.start() for m in re.finditer(r"^第.{1,3}章", doc.text, re.MULTILINE)}
     assert sum(c.start_char in chapters for c in high) > sum(c.start_char in chapters for c in low)
-    assert len(high) >= len(low)  # the price: chunks end earlier
+    assert len(high) >= len(low)  # the price: passages end earlier
 
 
 def test_a_document_without_line_breaks_is_cut_at_sentences(tokenizer):
     text = "。".join(f"第{i}项义务应当在约定期限内履行完毕并书面通知对方" for i in range(60)) + "。"
-    chunks = Chunker(tokenizer).chunk(text, ChunkParams(128, 0.0)).chunks
-    assert len(chunks) > 3
-    assert all(text[c.end_char - 1] == "。" for c in chunks)
+    passages = Chunker(tokenizer).split(text, ChunkParams(128, 0.0)).passages
+    assert len(passages) > 3
+    assert all(text[p.end_char - 1] == "。" for p in passages)

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow  # starts real processes
 
 CONTRACTS = CONTRACTS
 MAX_DOCUMENT_BYTES = 20_000
-DEFAULTS = ChunkParams(chunk_size=128, overlap_ratio=0.2, semantic_threshold=0.5)
+DEFAULTS = ChunkParams(passage_tokens=128, overlap_ratio=0.2, semantic_threshold=0.5)
 
 
 @dataclass
@@ -62,7 +62,7 @@ def start_chunker(log_path: pathlib.Path, timeout_s: float = 60) -> ChunkerProce
         process = subprocess.Popen(
             [
                 *K25, "chunker", "--zmq-port", str(zmq_port), "--metrics-port", str(metrics_port),
-                "--max-document-bytes", str(MAX_DOCUMENT_BYTES), "--chunk-size", str(DEFAULTS.chunk_size),
+                "--max-document-bytes", str(MAX_DOCUMENT_BYTES), "--chunk-size", str(DEFAULTS.passage_tokens),
                 "--overlap-ratio", str(DEFAULTS.overlap_ratio), "--semantic-threshold", str(DEFAULTS.semantic_threshold),
             ],
             stdout=log, stderr=subprocess.STDOUT, env=os.environ | {"PYTHONWARNINGS": "ignore"},
@@ -109,8 +109,9 @@ def contract(name: str) -> str:
     return (CONTRACTS / name).read_text(encoding="utf-8")
 
 
-def spans(response_or_document) -> list[tuple[int, int, int, int, str]]:
-    return [(c.start_char, c.end_char, c.start_token, c.end_token, c.anchor) for c in response_or_document.chunks]
+def spans(passages) -> list[tuple[int, int, int, int, str]]:
+    """Passages (proto Chunk messages or the library's Passage) as comparable tuples."""
+    return [(p.start_char, p.end_char, p.start_token, p.end_token, p.anchor) for p in passages]
 
 
 def test_answers_what_the_library_computes(chunker, library):
@@ -118,10 +119,10 @@ def test_answers_what_the_library_computes(chunker, library):
     client = dealer(chunker.address)
     response = ask(client, build_request("r1", text, 256, 0.1, 0.5, traceparent="00-" + "a" * 32 + "-" + "b" * 16 + "-01"))
     client.close()
-    expected = library.chunk(text, ChunkParams(256, 0.1, 0.5))
+    expected = library.split(text, ChunkParams(256, 0.1, 0.5))
     assert not response.HasField("error")
     assert response.request_id == "r1" and response.total_tokens == expected.total_tokens
-    assert spans(response) == spans(expected)
+    assert spans(response.chunks) == spans(expected.passages)
 
 
 def test_unset_fields_take_the_service_defaults(chunker, library):
@@ -130,8 +131,8 @@ def test_unset_fields_take_the_service_defaults(chunker, library):
     defaulted = ask(client, build_request("d", text))
     no_overlap = ask(client, build_request("z", text, overlap_ratio=0.0))
     client.close()
-    assert spans(defaulted) == spans(library.chunk(text, DEFAULTS))
-    assert max(c.end_token - c.start_token for c in defaulted.chunks) <= DEFAULTS.chunk_size
+    assert spans(defaulted.chunks) == spans(library.split(text, DEFAULTS).passages)
+    assert max(p.end_token - p.start_token for p in defaulted.chunks) <= DEFAULTS.passage_tokens
     starts_and_ends = list(zip(no_overlap.chunks[1:], no_overlap.chunks))
     assert all(after.start_token == before.end_token for after, before in starts_and_ends)
 
@@ -145,7 +146,7 @@ def malformed_frames(count: int):
         lambda: [b""],  # parses as an empty request: no request_id
         lambda: [build_request("", "text without an id").SerializeToString()],
         lambda: [build_request("two", "x").SerializeToString(), b"second frame"],
-        lambda: [build_request(uuid.uuid4().hex, "x", chunk_size=3).SerializeToString()],
+        lambda: [build_request(uuid.uuid4().hex, "x", passage_tokens=3).SerializeToString()],
         lambda: [build_request(uuid.uuid4().hex, "x", overlap_ratio=float("nan")).SerializeToString()],
         lambda: [b"\x0a\x01r\x12\x02\xc3\x28"],  # request_id "r", text with invalid UTF-8
     ]
@@ -193,7 +194,7 @@ def test_a_frame_beyond_the_frame_limit_is_dropped_and_the_service_keeps_serving
     assert again.request_id == "again" and not again.HasField("error")
 
 
-def test_metrics_count_requests_documents_chunks_and_tokens(chunker):
+def test_metrics_count_requests_documents_passages_and_tokens(chunker):
     before = chunker.metrics()
     client = dealer(chunker.address)
     response = ask(client, build_request("m", contract("zh_data_security_rules.txt"), 256))
@@ -219,13 +220,13 @@ async def test_client_runs_concurrent_requests_and_matches_each_answer(chunker, 
     requests = [(contract(name), size) for name in names for size in (64, 256, 512)]
     client = ChunkerClient(chunker.address)
     try:
-        documents = await asyncio.gather(
+        answers = await asyncio.gather(
             *(client.chunk(text, size, 0.1, 0.5, traceparent="00-" + "c" * 32 + "-" + "d" * 16 + "-01") for text, size in requests)
         )
     finally:
         client.close()
-    for (text, size), document in zip(requests, documents):
-        assert spans(document) == spans(library.chunk(text, ChunkParams(size, 0.1, 0.5)))
+    for (text, size), answer in zip(requests, answers):
+        assert spans(answer.chunks) == spans(library.split(text, ChunkParams(size, 0.1, 0.5)).passages)
 
 
 @pytest.mark.asyncio
@@ -233,7 +234,7 @@ async def test_client_runs_concurrent_requests_and_matches_each_answer(chunker, 
     "text, kwargs, fragment",
     [
         ("条" * 6667, {}, "--max-document-bytes"),
-        ("第一条", {"chunk_size": 4}, "chunk_size must be between"),
+        ("第一条", {"passage_tokens": 4}, "passage_tokens (chunk_size) must be between"),
         ("第一条", {"semantic_threshold": 3.0}, "semantic_threshold must be between"),
     ],
 )

@@ -3,12 +3,12 @@
 import pytest
 
 from proto import k25_pb2
-from services.chunker.boundaries import Chunk, ChunkParams
-from services.chunker.chunker import ChunkedDocument
+from services.chunker.boundaries import ChunkParams, Passage
+from services.chunker.chunker import SplitDocument
 from services.chunker.errors import ChunkerError
 from services.chunker.wire import build_request, decode_request, document_of, error_response, params_of, response_of
 
-DEFAULTS = ChunkParams(chunk_size=300, overlap_ratio=0.2, semantic_threshold=0.6)
+DEFAULTS = ChunkParams(passage_tokens=300, overlap_ratio=0.2, semantic_threshold=0.6)
 TRACEPARENT = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
 
 
@@ -36,13 +36,14 @@ def test_undecodable_frames_are_invalid_argument(payload, fragment):
 
 def test_unset_fields_take_the_defaults_and_an_explicit_zero_overlap_is_kept():
     assert params_of(build_request("r", "x"), DEFAULTS) == DEFAULTS
-    explicit = params_of(build_request("r", "x", chunk_size=64, overlap_ratio=0.0, semantic_threshold=0.0), DEFAULTS)
-    assert explicit == ChunkParams(64, 0.0, 0.0)
+    request = build_request("r", "x", passage_tokens=64, overlap_ratio=0.0, semantic_threshold=0.0)
+    assert request.chunk_size == 64  # the wire's name for a passage's token budget
+    assert params_of(request, DEFAULTS) == ChunkParams(64, 0.0, 0.0)
 
 
 @pytest.mark.parametrize(
     "fields, fragment",
-    [({"chunk_size": 8}, "chunk_size"), ({"overlap_ratio": 0.75}, "overlap_ratio"), ({"semantic_threshold": 2.0}, "semantic_threshold")],
+    [({"passage_tokens": 8}, "passage_tokens"), ({"overlap_ratio": 0.75}, "overlap_ratio"), ({"semantic_threshold": 2.0}, "semantic_threshold")],
 )
 def test_bad_parameters_are_invalid_argument(fields, fragment):
     with pytest.raises(ChunkerError) as info:
@@ -50,8 +51,8 @@ def test_bad_parameters_are_invalid_argument(fields, fragment):
     assert info.value.code == "INVALID_ARGUMENT" and fragment in info.value.message
 
 
-def test_a_response_carries_the_chunks_back():
-    document = ChunkedDocument([Chunk(0, 10, 0, 7, "第一条"), Chunk(8, 20, 5, 14, "第一条 （一）")], total_tokens=14)
+def test_a_response_carries_the_passages_back():
+    document = SplitDocument([Passage(0, 10, 0, 7, "第一条"), Passage(8, 20, 5, 14, "第一条 （一）")], total_tokens=14)
     wire = response_of("r9", document).SerializeToString()
     assert document_of(k25_pb2.ChunkResponse.FromString(wire)) == document
 

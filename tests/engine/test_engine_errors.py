@@ -4,10 +4,12 @@ import time
 
 import pytest
 
+from engine.admission import check_room
 from engine.base.config import EngineConfig
 from engine.base.errors import EngineConfigError, EngineError, ErrorCode
-from engine.engine import EngineRequest, LLMEngine
+from engine.engine import LLMEngine
 from engine.offline import Completion, collect, generate, make_request
+from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from engine.sequence import FinishReason
 
@@ -116,7 +118,7 @@ def test_expired_deadline_is_refused_and_a_running_one_expires(engine):
 
 
 def test_abort_mid_prefill_frees_blocks_in_that_step(engine):
-    request = make_request(engine, prompt(150), SamplingParams(max_tokens=5))  # 150 > budget 48: several chunks
+    request = make_request(engine, prompt(150), SamplingParams(max_tokens=5))  # 150 > budget 48: several prefill slices
     engine.add_request(request)
     engine.step()
     seq = engine._sequences[request.request_id]
@@ -213,3 +215,14 @@ def test_a_failing_step_fails_its_requests_with_internal_and_the_engine_recovers
     assert out.error.code is ErrorCode.INTERNAL and "simulated device fault" in out.error.message
     monkeypatch.undo()
     assert_still_serving(engine)
+
+
+@pytest.mark.parametrize(
+    "num_waiting, kv_usage, said",
+    [(4, 0.0, "queue full (4 waiting)"), (0, 0.93, "KV cache 93% full (limit 92%)")],
+)
+def test_no_room_is_resource_exhausted_without_an_engine(num_waiting, kv_usage, said):
+    check_room(0, max_waiting=4, kv_usage=0.92, kv_admission_limit=0.92)  # at the limits: room
+    with pytest.raises(EngineError) as info:
+        check_room(num_waiting, max_waiting=4, kv_usage=kv_usage, kv_admission_limit=0.92)
+    assert info.value.code is ErrorCode.RESOURCE_EXHAUSTED and said in info.value.message

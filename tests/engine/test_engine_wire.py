@@ -5,7 +5,7 @@ import math
 import pytest
 
 from engine.base.errors import EngineError, ErrorCode
-from engine.engine import RequestOutput, Timings, Usage
+from engine.request import RequestOutput, Timings, Usage
 from engine.sampler import SampledToken
 from engine.sequence import FinishReason
 from engine.wire import decode_client_message, error_message, messages_from_output, request_from_proto, request_id_of

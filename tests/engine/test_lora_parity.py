@@ -65,13 +65,14 @@ def tiny_setup(tmp_path_factory, tiny_model, prompts):
 # (label, max_loras, max_cpu_loras, kernel, max_chunk_per_gpu): every adapter in a slot; fewer slots
 # than adapters, so some requests wait for a slot and adapters are re-read from disk after leaving
 # the CPU cache; a KV cache so small that requests are preempted and recomputed; the Triton kernels
-# (interpreted on a CPU)
+# (interpreted on a CPU). 32 chunks hold the whole batch at once (at most 120 blocks of 16), so
+# only the preemptions mode preempts, whatever order the scheduler admits in.
 TINY_MODES = [
-    pytest.param("3 slots", 3, 3, "torch", 16, id="3 slots"),
-    pytest.param("2 slots, CPU cache 2", 2, 2, "torch", 16, id="2 slots"),
-    pytest.param("1 slot, CPU cache 1", 1, 1, "torch", 16, id="1 slot"),
+    pytest.param("3 slots", 3, 3, "torch", 32, id="3 slots"),
+    pytest.param("2 slots, CPU cache 2", 2, 2, "torch", 32, id="2 slots"),
+    pytest.param("1 slot, CPU cache 1", 1, 1, "torch", 32, id="1 slot"),
     pytest.param("2 slots, KV for 384 tokens (preemptions)", 2, 2, "torch", 6, id="preemptions"),
-    pytest.param("3 slots, Triton kernels", 3, 3, "triton", 16, id="triton", marks=pytest.mark.slow),  # ~10 s interpreted
+    pytest.param("3 slots, Triton kernels", 3, 3, "triton", 32, id="triton", marks=pytest.mark.slow),  # ~10 s interpreted
 ]
 
 

@@ -5,13 +5,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.block_manager import BlockManager
+from engine.lora.adapter import AdapterRef, LoadedAdapter
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
 
 
-def make_seq(prompt_len: int, max_tokens: int, name: str) -> Sequence:
-    return Sequence(name, list(range(prompt_len)), SamplingParams(max_tokens=max_tokens))
+def make_seq(prompt_len: int, max_tokens: int, name: str, adapter: LoadedAdapter | None = None) -> Sequence:
+    return Sequence(name, list(range(prompt_len)), SamplingParams(max_tokens=max_tokens), adapter=adapter)
+
+
+def make_adapter(name: str) -> LoadedAdapter:
+    return LoadedAdapter(AdapterRef(name, "v1"), name, "0" * 64, rank=8, modules=("q_proj",))
 
 
 def check_block_invariants(scheduler: Scheduler) -> None:
@@ -88,7 +93,7 @@ def test_every_request_finishes_and_every_block_comes_back(reqs, num_blocks, blo
             assert len(s.output_token_ids) == s.sampling.max_tokens
 
 
-def test_decodes_are_scheduled_before_prefill_chunks():
+def test_decodes_are_scheduled_before_prefill_slices():
     scheduler = Scheduler(BlockManager(64, 16), max_num_batched_tokens=40, max_num_seqs=8)
     first = make_seq(10, 5, "first")
     scheduler.add(first)
@@ -137,3 +142,73 @@ def test_block_manager_refuses_to_overcommit():
     assert bm.slot(table, 5) == table[1] * 4 + 1
     bm.release(table)
     assert table == [] and bm.num_free_blocks == 2
+
+
+ADAPTERS = {name: make_adapter(name) for name in "ABCD"}
+
+
+def admitted(batch) -> list[str]:
+    return [s.request_id for s in batch.admitted]
+
+
+def test_a_third_adapter_waits_while_later_base_requests_run_and_keeps_its_place():
+    scheduler = Scheduler(BlockManager(64, 16), max_num_batched_tokens=256, max_num_seqs=8, max_loras=2)
+    a, b, c, d = (ADAPTERS[n] for n in "ABCD")
+    seqs = {
+        name: make_seq(8, 20, name, adapter)
+        for name, adapter in [("a1", a), ("b1", b), ("c1", c), ("base1", None), ("d1", d), ("a2", a), ("base2", None)]
+    }
+    for seq in seqs.values():
+        scheduler.add(seq)
+    batch = scheduler.schedule()
+    assert admitted(batch) == ["a1", "b1", "base1", "a2", "base2"]  # a1's adapter is in the batch already
+    assert [s.request_id for s in scheduler.waiting] == ["c1", "d1"]
+    assert scheduler.running_adapter_ids() == {a.id, b.id}
+    for seq, n in batch.items:
+        seq.num_computed_tokens += n
+        seq.output_token_ids.append(7)
+    assert admitted(scheduler.schedule()) == []  # both slots still taken
+    scheduler.finish(seqs["a1"])
+    assert admitted(scheduler.schedule()) == []  # a2 still runs on A
+    scheduler.finish(seqs["a2"])
+    assert admitted(scheduler.schedule()) == ["c1"]  # first come: c1 before d1
+    assert [s.request_id for s in scheduler.waiting] == ["d1"]
+    scheduler.finish(seqs["b1"])
+    assert admitted(scheduler.schedule()) == ["d1"]
+    assert scheduler.running_adapter_ids() == {c.id, d.id}
+
+
+def test_a_request_passed_over_for_a_slot_never_blocks_the_queue_on_kv():
+    # 4 blocks of 16: the waiting long adapter request would not fit beside the running one anyway
+    scheduler = Scheduler(BlockManager(4, 16), max_num_batched_tokens=256, max_num_seqs=8, max_loras=1)
+    running = make_seq(8, 20, "a1", ADAPTERS["A"])
+    scheduler.add(running)
+    scheduler.schedule()
+    scheduler.add(make_seq(60, 4, "b1", ADAPTERS["B"]))
+    scheduler.add(make_seq(8, 4, "base"))
+    assert admitted(scheduler.schedule()) == ["base"]
+    assert [s.request_id for s in scheduler.waiting] == ["b1"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    reqs=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 20), st.sampled_from(["", *ADAPTERS])), min_size=1, max_size=12),
+    max_loras=st.integers(1, 3),
+    num_blocks=st.integers(8, 24),
+    budget=st.integers(1, 64),
+    max_seqs=st.integers(1, 6),
+)
+def test_no_step_runs_more_adapters_than_slots_and_every_request_finishes(reqs, max_loras, num_blocks, budget, max_seqs):
+    scheduler = Scheduler(BlockManager(num_blocks, 8), budget, max_seqs, max_loras)
+    seqs = [
+        make_seq(p, m, f"r{i}", ADAPTERS.get(name)) for i, (p, m, name) in enumerate(reqs) if p + m <= num_blocks * 8
+    ]
+    for seq in seqs:
+        scheduler.add(seq)
+    done = set()
+    for _ in range(5000):
+        if not scheduler.num_unfinished:
+            break
+        done |= {s.request_id for s in run_step(scheduler)}
+        assert len(scheduler.running_adapter_ids()) <= max_loras
+    assert done == {s.request_id for s in seqs}, "a request waited for an adapter slot forever"

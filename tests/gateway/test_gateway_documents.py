@@ -1,5 +1,5 @@
-"""Long-document questions: the pure map/reduce/citation functions, then /v1/chunks and
-/v1/documents/ask through a `k25 up` stack (tiny model, real chunker)."""
+"""Long-document questions: the pure map/reduce/citation functions, the request fields, then
+/v1/chunks and /v1/documents/ask through a `k25 up` stack (tiny model, real chunker)."""
 
 import asyncio
 import json
@@ -10,41 +10,43 @@ import sys
 
 import httpx
 import pytest
+from fastapi import FastAPI
 
-from services.gateway.documents import NOTHING, Part, citations, map_messages, reduce_messages, take_notes
+from services.gateway.document_routes import AskRequest, ChunksRequest, install_document_routes
+from services.gateway.documents import NOTHING, Passage, citations, map_messages, reduce_messages, take_notes
 from tests.helpers.gateway_process import start_stack
 from tests.helpers.paths import CONTRACTS
 
 CONTRACT = CONTRACTS / "en_master_services_agreement.txt"
 
 
-def part(index, note="", anchor="Section 1"):
-    return Part(index, anchor, index * 100, index * 100 + 90, f"text of part {index}", note)
+def passage(index, note="", anchor="Section 1"):
+    return Passage(index, anchor, index * 100, index * 100 + 90, f"text of part {index}", note)
 
 
-def test_map_prompt_carries_the_question_the_part_and_its_anchor():
-    [system, user] = map_messages("Who may terminate?", part(3, anchor="Article 9"))
+def test_map_prompt_carries_the_question_the_passage_and_its_anchor():
+    [system, user] = map_messages("Who may terminate?", passage(3, anchor="Article 9"))
     assert "Who may terminate?" in user["content"] and "text of part 3" in user["content"]
     assert "Article 9" in user["content"] and NOTHING in user["content"]
 
 
 def test_reduce_prompt_keeps_only_notes_that_bear_on_the_question():
-    parts = [part(1, "Either party may terminate on 30 days' notice."), part(2, "NOTHING"), part(3, "  "),
-             part(4, "Nothing. (NOTHING)".upper())]
-    user = reduce_messages("Who may terminate?", parts)[1]["content"]
+    passages = [passage(1, "Either party may terminate on 30 days' notice."), passage(2, "NOTHING"), passage(3, "  "),
+                passage(4, "Nothing. (NOTHING)".upper())]
+    user = reduce_messages("Who may terminate?", passages)[1]["content"]
     assert "[1] (Section 1) Either party may terminate" in user
     assert "[2]" not in user and "[3]" not in user and "[4]" not in user
 
 
-def test_citations_are_the_cited_parts_in_order_of_citation():
-    parts = [part(1, "a"), part(2, "b"), part(3, NOTHING)]
-    assert [c["index"] for c in citations("See [2], and also [1] and [2] again; [9] does not exist.", parts)] == [2, 1]
-    assert citations("[2]", parts)[0] == {"index": 2, "anchor": "Section 1", "start_char": 200, "end_char": 290}
+def test_citations_are_the_cited_passages_in_order_of_citation():
+    passages = [passage(1, "a"), passage(2, "b"), passage(3, NOTHING)]
+    assert [c["index"] for c in citations("See [2], and also [1] and [2] again; [9] does not exist.", passages)] == [2, 1]
+    assert citations("[2]", passages)[0] == {"index": 2, "anchor": "Section 1", "start_char": 200, "end_char": 290}
 
 
-def test_without_citations_every_relevant_part_is_cited():
-    parts = [part(1, "a"), part(2, NOTHING), part(3, "c")]
-    assert [c["index"] for c in citations("An answer citing nothing.", parts)] == [1, 3]
+def test_without_citations_every_relevant_passage_is_cited():
+    passages = [passage(1, "a"), passage(2, NOTHING), passage(3, "c")]
+    assert [c["index"] for c in citations("An answer citing nothing.", passages)] == [1, 3]
 
 
 def test_notes_are_taken_concurrently_and_kept_in_order():
@@ -55,9 +57,30 @@ def test_notes_are_taken_concurrently_and_kept_in_order():
         await asyncio.sleep(0.05 if "part 1" in messages[1]["content"] else 0.0)
         return re.search(r"text of part (\d)", messages[1]["content"]).group(0)
 
-    parts = asyncio.run(take_notes("q", [part(1), part(2), part(3)], note))
-    assert [p.note for p in parts] == ["text of part 1", "text of part 2", "text of part 3"]
+    passages = asyncio.run(take_notes("q", [passage(1), passage(2), passage(3)], note))
+    assert [p.note for p in passages] == ["text of part 1", "text of part 2", "text of part 3"]
     assert len(started) == 3
+
+
+@pytest.mark.parametrize("model", [ChunksRequest, AskRequest])
+def test_passage_tokens_is_the_request_field_and_chunk_size_its_old_name(model):
+    others = {"text": "x"} if model is ChunksRequest else {"model": "m", "document": "x", "question": "q"}
+    assert model.model_validate({**others, "chunk_size": 64}).passage_tokens == 64
+    assert model.model_validate({**others, "passage_tokens": 96}).passage_tokens == 96
+    assert model.model_validate(others).passage_tokens is None
+    with pytest.raises(ValueError, match="chunk_size"):
+        model.model_validate({**others, "chunk_size": 4})
+
+
+def test_openapi_says_the_field_is_a_passage_budget_not_the_pool_s_chunk_size():
+    app = FastAPI()
+    install_document_routes(app, gateway=None, caller=lambda: None)
+    schemas = app.openapi()["components"]["schemas"]
+    for name in ("ChunksRequest", "AskRequest"):
+        field = schemas[name]["properties"]["passage_tokens"]
+        assert "passage's token budget" in field["description"] and "chunk_size" in field["description"]
+        assert "chunk_size" not in schemas[name]["properties"]
+    assert "passage" in schemas["AskRequest"]["properties"]["note_max_tokens"]["description"]
 
 
 @pytest.fixture(scope="module")
@@ -74,35 +97,37 @@ def gateway_requests(stack) -> float:
 
 
 @pytest.mark.slow
-def test_chunks_through_the_gateway_are_the_offline_chunker_s(stack):
+def test_passages_through_the_gateway_are_the_offline_chunker_s(stack):
     text = CONTRACT.read_text()
     answer = httpx.post(f"{stack.url}/v1/chunks", json={"text": text, "chunk_size": 256}, timeout=60).json()
+    by_new_name = httpx.post(f"{stack.url}/v1/chunks", json={"text": text, "passage_tokens": 256}, timeout=60).json()
     offline = subprocess.run([sys.executable, "-m", "k25.cli", "chunk", str(CONTRACT), "--chunk-size", "256"],
                              capture_output=True, text=True, check=True)
     expected = json.loads(offline.stdout)["chunks"]
-    assert [{k: c[k] for k in expected[0]} for c in answer["data"]] == expected
-    assert [c["index"] for c in answer["data"]] == list(range(len(expected)))
+    assert [{k: p[k] for k in expected[0]} for p in answer["data"]] == expected
+    assert [p["index"] for p in answer["data"]] == list(range(len(expected)))
+    assert by_new_name == answer
 
 
 @pytest.mark.slow
-def test_ask_maps_every_chunk_then_reduces_and_cites_real_spans(stack):
+def test_ask_maps_every_passage_then_reduces_and_cites_real_spans(stack):
     text = CONTRACT.read_text()[:4000]
-    chunks = httpx.post(f"{stack.url}/v1/chunks", json={"text": text, "chunk_size": 256}, timeout=60).json()["data"]
+    passages = httpx.post(f"{stack.url}/v1/chunks", json={"text": text, "chunk_size": 256}, timeout=60).json()["data"]
     before = gateway_requests(stack)
     body = {"model": "tiny-random", "document": text, "question": "Who may terminate the agreement?",
             "chunk_size": 256, "max_tokens": 12, "note_max_tokens": 6}
     answer = httpx.post(f"{stack.url}/v1/documents/ask", json=body, timeout=120).json()
-    assert answer["object"] == "document.answer" and answer["chunks"] == len(chunks) > 1
+    assert answer["object"] == "document.answer" and answer["chunks"] == len(passages) > 1
     assert answer["answer"] and answer["usage"]["completion_tokens"] > 0
-    spans = {(c["start_char"], c["end_char"], c["anchor"]) for c in chunks}
+    spans = {(p["start_char"], p["end_char"], p["anchor"]) for p in passages}
     assert answer["citations"] and all((c["start_char"], c["end_char"], c["anchor"]) in spans for c in answer["citations"])
-    assert gateway_requests(stack) - before == len(chunks) + 1  # one note per chunk, then the answer
+    assert gateway_requests(stack) - before == len(passages) + 1  # one note per passage, then the answer
 
 
 @pytest.mark.slow
 def test_ask_streams_the_answer_then_the_citations(stack):
     body = {"model": "tiny-random", "document": CONTRACT.read_text()[:2000], "question": "What are the fees?",
-            "chunk_size": 256, "max_tokens": 8, "note_max_tokens": 4, "stream": True}
+            "passage_tokens": 256, "max_tokens": 8, "note_max_tokens": 4, "stream": True}
     with httpx.stream("POST", f"{stack.url}/v1/documents/ask", json=body, timeout=120) as response:
         events = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
@@ -116,6 +141,7 @@ def test_ask_streams_the_answer_then_the_citations(stack):
 @pytest.mark.parametrize("body, status, code", [
     ({"model": "tiny-random", "document": "", "question": "q"}, 400, None),
     ({"model": "tiny-random", "document": "x", "question": "q", "chunk_size": 4}, 400, None),
+    ({"model": "tiny-random", "document": "x", "question": "q", "passage_tokens": 4}, 400, None),
     ({"model": "nope", "document": "x", "question": "q"}, 404, "model_not_found"),
 ])
 def test_ask_errors(stack, body, status, code):

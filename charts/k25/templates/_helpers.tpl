@@ -26,8 +26,18 @@ app.kubernetes.io/component: {{ .component }}
 {{ include "k25.selectorLabels" . }}
 {{- end -}}
 
-{{- define "k25.image" -}}
-{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{/* A component's image and pull policy: (dict "root" $ "component" "gateway"). Its own
+<component>.image.repository, else <image.repository>-<component>; its own tag, else
+image.tag, else the appVersion. */}}
+{{- define "k25.componentImage" -}}
+{{- $image := .root.Values.image -}}
+{{- $own := (index .root.Values .component).image | default dict -}}
+{{- $repository := $own.repository | default (printf "%s-%s" $image.repository .component) -}}
+{{- printf "%s:%s" $repository ($own.tag | default $image.tag | default .root.Chart.AppVersion) -}}
+{{- end -}}
+
+{{- define "k25.componentPullPolicy" -}}
+{{- ((index .root.Values .component).image | default dict).pullPolicy | default .root.Values.image.pullPolicy -}}
 {{- end -}}
 
 {{- define "k25.engineImage" -}}

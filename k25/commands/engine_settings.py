@@ -1,0 +1,51 @@
+"""The engine's compute settings, one set of flags for every command that runs an engine
+(`k25 engine`, `k25 generate`, `k25 bench engine`), and how they become a model and a config."""
+
+import argparse
+import logging
+
+log = logging.getLogger("k25.engine")
+
+# measured on the 2-core CPU of this project's machines (README, Measured); on CUDA the same
+# defaults hold until a GPU run measures better ones
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
+DEFAULT_MAX_NUM_SEQS = 64
+
+
+def add_engine_settings(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("compute")
+    group.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
+    group.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                       help="weights, activations and KV cache: auto is bfloat16 on CUDA and on a CPU whichever of "
+                       "float32 and bfloat16 multiplies the model's matrices faster there, measured at start (default auto)")
+    group.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                       help=f"the token budget of one step, decodes and prefill slices together (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})")
+    group.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS,
+                       help=f"sequences running at once (default {DEFAULT_MAX_NUM_SEQS})")
+    group.add_argument("--gpu-memory-utilization", type=float, default=0.90,
+                       help="fraction of GPU memory that weights and KV cache may use (default 0.90)")
+
+
+def load_for_engine(args: argparse.Namespace, **config_fields):
+    """Resolve --dtype, load the model straight into it, and build the EngineConfig.
+    Raises ModelLoadError or EngineConfigError with a message for the user."""
+    from engine.base.config import EngineConfig
+    from engine.base.errors import EngineConfigError
+    from engine.dtype_choice import choose_dtype, matmul_seconds
+    from engine.loader import load_model, model_config
+
+    if not 0 < args.gpu_memory_utilization <= 1:
+        raise EngineConfigError(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
+    if args.max_num_batched_tokens < 1 or args.max_num_seqs < 1:
+        raise EngineConfigError("--max-num-batched-tokens and --max-num-seqs must be at least 1")
+    measure = None
+    if args.dtype == "auto" and not args.device.startswith("cuda"):
+        measure = matmul_seconds(model_config(args.model), (1, args.max_num_seqs))
+    choice = choose_dtype(args.dtype, args.device, measure)
+    log.info("dtype %s (%s)", choice.name, choice.reason)
+    model = load_model(args.model, choice.dtype)
+    config = EngineConfig(
+        device=args.device, dtype=choice.name, max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs, gpu_memory_utilization=args.gpu_memory_utilization, **config_fields,
+    )
+    return model, config

@@ -1,0 +1,105 @@
+"""The engine's dtype: how --dtype resolves, loading straight into it, and bf16 against the
+fp32 transformers reference (teacher-forced, so one early difference cannot snowball)."""
+
+import math
+
+import pytest
+import torch
+
+from engine.base.errors import EngineConfigError
+from engine.dtype_choice import choose_dtype, faster_dtype, matmul_seconds
+from engine.forward_batch import ForwardBatch, PrefillSegment
+from engine.kv_cache import KVCache
+from engine.loader import TINY_CONFIG, load_model, model_config
+from engine.model import LlamaModel
+from tests.fixtures.parity_prompts import parity_prompt_ids
+
+# each parity prompt is cut to this many tokens: bf16 matmuls are emulated on CPUs without
+# AVX512-BF16, and positions past it add cost but no new kind of context
+TEACHER_FORCED_TOKENS = 160
+MIN_TOP1_AGREEMENT = 0.98
+MAX_MEAN_KL_NATS = 0.02
+
+
+def never_measured(name):
+    raise AssertionError("measured although the choice needs no measurement")
+
+
+@pytest.mark.parametrize("requested, device, expected", [
+    ("float32", "cpu", "float32"), ("bfloat16", "cpu", "bfloat16"), ("float16", "cuda", "float16"),
+    ("auto", "cuda", "bfloat16"), ("auto", "cuda:1", "bfloat16"), ("bfloat16", "cuda", "bfloat16"),
+])
+def test_a_set_dtype_or_cuda_needs_no_measurement(requested, device, expected):
+    assert choose_dtype(requested, device, never_measured).name == expected
+
+
+@pytest.mark.parametrize("seconds, expected", [
+    ({"float32": 2.0, "bfloat16": 1.0}, "bfloat16"),
+    ({"float32": 1.0, "bfloat16": 3.0}, "float32"),
+    ({"float32": 1.0, "bfloat16": 1.0}, "float32"),  # a tie goes to the exact one
+])
+def test_auto_on_a_cpu_takes_the_faster_measured_dtype(seconds, expected):
+    assert faster_dtype(seconds) == expected
+    choice = choose_dtype("auto", "cpu", seconds.__getitem__)
+    assert choice.name == expected and choice.dtype == getattr(torch, expected)
+    assert "float32" in choice.reason and "bfloat16" in choice.reason  # the log says what was measured
+
+
+@pytest.mark.parametrize("requested, device, fragment", [
+    ("float16", "cpu", "only on CUDA"), ("int8", "cpu", "must be one of"), ("fp32", "cuda", "must be one of"),
+])
+def test_a_dtype_the_device_cannot_run_is_refused_with_a_clear_message(requested, device, fragment):
+    with pytest.raises(EngineConfigError, match=fragment):
+        choose_dtype(requested, device, never_measured)
+
+
+def test_the_measurement_runs_the_models_matmul_in_both_dtypes():
+    measure = matmul_seconds(TINY_CONFIG, (1, 4), repeats=2)
+    assert all(math.isfinite(measure(name)) and measure(name) > 0 for name in ("float32", "bfloat16"))
+
+
+def test_weights_load_straight_into_the_target_dtype():
+    model = load_model("tiny-random", torch.bfloat16)
+    assert {t.dtype for t in model.weights.values()} == {torch.bfloat16}
+    fp32 = load_model("tiny-random")
+    for name, tensor in model.weights.items():
+        assert torch.equal(tensor, fp32.weights[name].to(torch.bfloat16)), name
+
+
+def test_the_config_is_read_without_the_weights(smollm2_gguf, smollm2):
+    assert model_config(smollm2_gguf) == smollm2.config
+    assert model_config("tiny-random") == TINY_CONFIG
+
+
+def teacher_forced_logprobs(model: LlamaModel, tokens: list[int], dtype) -> torch.Tensor:
+    """Log-softmax of the next token at every position, one prefill of the whole sequence
+    through the engine's own forward pass and paged KV cache."""
+    n = len(tokens)
+    kv = KVCache(model.config, n, "cpu", dtype)
+    rows = torch.arange(n)
+    batch = ForwardBatch(
+        input_ids=torch.tensor(tokens), positions=rows, slot_mapping=rows, decode_groups=[],
+        prefills=[PrefillSegment(start=0, length=n, context_slots=None, mask=None)], logits_rows=rows, sampled=[],
+    )
+    with torch.inference_mode():
+        return model.forward(batch, kv).log_softmax(-1)
+
+
+@pytest.mark.slow
+def test_bf16_agrees_with_the_fp32_reference_teacher_forced(smollm2, hf_smollm2, parity_report):
+    ours = LlamaModel(smollm2.config, smollm2.weights, "cpu", torch.bfloat16)
+    agree = positions = 0
+    kl_sum = 0.0
+    for prompt in parity_prompt_ids(smollm2.tokenizer):
+        tokens = prompt[:TEACHER_FORCED_TOKENS]
+        with torch.inference_mode():
+            reference = hf_smollm2(input_ids=torch.tensor([tokens])).logits[0].float().log_softmax(-1)
+        candidate = teacher_forced_logprobs(ours, tokens, torch.bfloat16)
+        agree += int((candidate.argmax(-1) == reference.argmax(-1)).sum())
+        # KL(reference || bf16) per position, in nats
+        kl_sum += float((reference.exp() * (reference - candidate)).sum(-1).sum())
+        positions += len(tokens)
+    top1, mean_kl = agree / positions, kl_sum / positions
+    parity_report.append(f"SmolLM2 bf16 vs fp32 transformers, teacher-forced over {positions} positions: "
+                         f"top-1 agreement {top1:.4f}, mean KL {mean_kl:.4f} nats")
+    assert top1 >= MIN_TOP1_AGREEMENT and mean_kl <= MAX_MEAN_KL_NATS
