@@ -49,6 +49,11 @@ def engine_args(spec: EnginePoolSpec, pool_name: str, redis_url: str, release: s
     args += ["--node-type", spec.node_type, "--pool", pool_name, "--zmq-port", str(ZMQ_PORT),
              "--metrics-port", str(METRICS_PORT), "--redis-url", redis_url, "--release", release,
              "--advertise-host", "$(POD_IP)", "--device", "cuda" if spec.gpus_per_replica else "cpu"]
+    # the compute settings the pool sets; the rest are the engine's defaults for its device
+    for flag, value in (("--dtype", spec.dtype), ("--max-num-batched-tokens", spec.max_num_batched_tokens),
+                        ("--max-num-seqs", spec.max_num_seqs), ("--gpu-memory-utilization", spec.gpu_memory_utilization)):
+        if value is not None:
+            args += [flag, str(value)]
     if spec.lora is not None:  # with Redis, the engine then loads the versions the rollout state names
         args += ["--max-loras", str(spec.lora.max_loras), "--max-cpu-loras", str(spec.lora.max_cpu_loras),
                  "--max-lora-rank", str(spec.lora.max_lora_rank), "--lora-kernel", spec.lora.kernel,

@@ -11,6 +11,9 @@ from operators.autoscale_policy import ScalingRules
 MAX_CHUNK_PER_GPU = {"A100-40G": 2, "A100-80G": 4, "H100-80G": 8, "H200": None, "CPU": None}
 GPU_TAINT_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 LORA_KERNELS = ("torch", "triton")
+# `k25 engine --dtype` (k25/commands/engine_settings.py); auto: bfloat16 on CUDA, on a CPU the
+# faster of float32 and bfloat16 measured at start. float16 runs only on CUDA.
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 # an absolute path of plain segments (no '.', '..', '//' or trailing '/'), as the CRD's pattern
 ADAPTER_ROOT = re.compile(r"(/[A-Za-z0-9_-][A-Za-z0-9._-]*)+")
 # the engine pod's mounts (operators/deployment.py): /tmp, its one writable place under a
@@ -52,6 +55,11 @@ class EnginePoolSpec:
     scale_up_window_s: float = 0.0
     scale_down_window_s: float = 300.0
     lora: LoraSpec | None = None  # None: adapters off
+    # the engines' compute settings (`k25 engine --dtype ...`); None: the engine's default
+    dtype: str | None = None
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = None
+    gpu_memory_utilization: float | None = None
 
     def scaling_rules(self) -> ScalingRules:
         return ScalingRules(min_replicas=self.min_replicas, max_replicas=self.max_replicas,
@@ -91,13 +99,26 @@ def parse_pool_spec(spec: dict) -> EnginePoolSpec:
         scale_up_window_s=_integer(spec, "scaleUpStabilizationSeconds", 0, least=0),
         scale_down_window_s=_integer(spec, "scaleDownStabilizationSeconds", 300, least=0),
         lora=None if spec.get("lora") is None else _lora(spec["lora"]),
+        dtype=None if spec.get("dtype") is None else _dtype(spec["dtype"]),
+        max_num_batched_tokens=_optional_integer(spec, "maxNumBatchedTokens", least=1),
+        max_num_seqs=_optional_integer(spec, "maxNumSeqs", least=1),
+        gpu_memory_utilization=_optional_fraction(spec, "gpuMemoryUtilization"),
     )
     if parsed.min_replicas > parsed.max_replicas:
         raise PoolSpecError(f"spec.minReplicas ({parsed.min_replicas}) must not exceed "
                             f"spec.maxReplicas ({parsed.max_replicas})")
     if parsed.lora is not None and parsed.lora.kernel == "triton" and not parsed.gpus_per_replica:
         raise PoolSpecError("spec.lora.kernel triton needs a GPU: spec.gpusPerReplica of at least 1")
+    if parsed.dtype == "float16" and not parsed.gpus_per_replica:
+        raise PoolSpecError("spec.dtype float16 needs a GPU: spec.gpusPerReplica of at least 1 "
+                            "(on a CPU use float32, bfloat16 or auto)")
     return parsed
+
+
+def _dtype(dtype) -> str:
+    if dtype not in DTYPES:
+        raise PoolSpecError(f"spec.dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    return dtype
 
 
 def _lora(lora) -> LoraSpec:
@@ -149,6 +170,19 @@ def _integer(spec: dict, name: str, default: int | None, least: int, path: str =
     if value < least:
         raise PoolSpecError(f"{path}.{name} must be at least {least}, got {value}")
     return value
+
+
+def _optional_integer(spec: dict, name: str, least: int) -> int | None:
+    return None if spec.get(name) is None else _integer(spec, name, None, least=least)
+
+
+def _optional_fraction(spec: dict, name: str) -> float | None:
+    value = spec.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise PoolSpecError(f"spec.{name} must be a number in (0, 1], got {value!r}")
+    return float(value)
 
 
 def _positive(spec: dict, name: str, default: float) -> float:

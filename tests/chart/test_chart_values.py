@@ -72,6 +72,23 @@ def rollouts(*entries: str, lora: int = 2) -> str:
      "engine.pools[0] (a100-40g): LoRA adapters come from the models claim unless lora.claimName names another"),
     (pools("{name: cpu, nodeType: CPU, chunkSize: 256, gpusPerReplica: 0, lora: {maxLoras: 1, kernel: triton}}"),
      "engine.pools[0] (cpu): lora.kernel triton needs a GPU"),
+    # a CPU pool without gpusPerReplica gets none from the operator
+    (pools("{name: cpu, nodeType: CPU, chunkSize: 256, lora: {maxLoras: 1, kernel: triton}}"),
+     "engine.pools[0] (cpu): lora.kernel triton needs a GPU"),
+    # compute settings: the schema (a pool's as the CRD's; engine's also take auto / 0), then float16 on a CPU
+    (pools(H100 + ", dtype: fp16}"), "/engine/pools/0/dtype': value must be one of 'auto', 'float32', 'bfloat16', 'float16'"),
+    (pools(H100 + ", maxNumBatchedTokens: 0}"), "/engine/pools/0/maxNumBatchedTokens': minimum: got 0, want 1"),
+    (pools(H100 + ", maxNumSeqs: 0}"), "/engine/pools/0/maxNumSeqs': minimum: got 0, want 1"),
+    (pools(H100 + ", gpuMemoryUtilization: 0}"), "/engine/pools/0/gpuMemoryUtilization': exclusiveMinimum"),
+    (pools(H100 + ", gpuMemoryUtilization: 1.5}"), "/engine/pools/0/gpuMemoryUtilization': maximum: got 1.5, want 1"),
+    ("engine:\n  dtype: half\n", "/engine/dtype': value must be one of 'auto', 'float32', 'bfloat16', 'float16'"),
+    ("engine:\n  maxNumSeqs: -1\n", "/engine/maxNumSeqs': minimum: got -1, want 0"),
+    ("engine:\n  maxNumBatchedTokens: 1.5\n", "/engine/maxNumBatchedTokens': got number, want integer"),
+    ("engine:\n  gpuMemoryUtilization: 90\n", "/engine/gpuMemoryUtilization': maximum: got 90, want 1"),
+    (pools("{name: cpu, nodeType: CPU, chunkSize: 256, gpusPerReplica: 0, dtype: float16}"),
+     "engine.pools[0] (cpu): dtype float16 needs a GPU (gpusPerReplica is 0); on a CPU use float32, bfloat16 or auto"),
+    ("engine:\n  dtype: float16\n  pools:\n    - " + H100 + "}\n    - {name: cpu, nodeType: CPU, chunkSize: 256}\n",
+     "engine.pools[1] (cpu): dtype float16 needs a GPU"),
     # adapterRollouts: the schema, then the pools they name and the rules of the CRD
     (rollouts("{name: legal, pool: h100, stable: {version: v1, source: a/v1, sha256: abc}, canary: {version: v2, source: a/v2, sha256: abc}}"),
      "/adapterRollouts/0/stable/sha256': 'abc' does not match"),
@@ -127,6 +144,14 @@ def bound_differences(ours: dict, crd: dict, path: str) -> list[str]:
 def crd_spec(name: str) -> dict:
     crd = yaml.safe_load((CHART.parent.parent / "k8s" / "crds" / name).read_text())
     return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+
+def test_float16_is_fine_on_a_gpu_pool_and_a_cpu_pool_may_say_auto_under_an_engine_wide_float16(tmp_path):
+    path = tmp_path / "values.yaml"
+    path.write_text("engine:\n  dtype: float16\n  pools:\n    - " + H100 + "}\n"
+                    "    - {name: cpu, nodeType: CPU, chunkSize: 256, dtype: auto}\n")
+    result = helm("template", RELEASE, str(CHART), "--values", str(path))
+    assert result.returncode == 0, result.stderr
 
 
 def test_a_pool_takes_exactly_the_crds_spec_fields_with_the_same_bounds():

@@ -41,6 +41,9 @@ def test_printer_columns_show_node_type_replicas_ready_and_qps():
     assert columns["Replicas"] == ".status.replicas"
     assert columns["Ready"] == ".status.readyReplicas"
     assert columns["QPS"] == ".status.observedQPS"
+    # and with -o wide the dtype a pool sets (blank: the engine's default for its device)
+    [dtype] = [c for c in VERSION["additionalPrinterColumns"] if c["name"] == "DType"]
+    assert (dtype["jsonPath"], dtype["priority"]) == (".spec.dtype", 1)
 
 
 def test_a_minimal_spec_is_accepted_with_the_documented_defaults():
@@ -81,6 +84,15 @@ def test_gpus_per_replica_defaults_by_node_type_after_the_api_server_stored_it()
     ({"lora": {"maxLoras": 2, "claimName": "Adapters_PVC"}}, "does not match"),
     ({"nodeType": "CPU", "gpusPerReplica": 0, "lora": {"maxLoras": 2, "kernel": "triton"}},
      "lora.kernel triton needs a GPU"),
+    ({"dtype": "fp16"}, "is not one of ['auto', 'float32', 'bfloat16', 'float16']"),
+    ({"maxNumBatchedTokens": 0}, "less than the minimum of 1"),
+    ({"maxNumSeqs": 0}, "less than the minimum of 1"),
+    ({"maxNumSeqs": "64"}, "is not of type 'integer'"),
+    ({"gpuMemoryUtilization": 0}, "less than or equal to the minimum of 0"),
+    ({"gpuMemoryUtilization": 1.1}, "greater than the maximum of 1"),
+    ({"nodeType": "CPU", "dtype": "float16"}, "dtype float16 needs a GPU"),
+    ({"nodeType": "CPU", "gpusPerReplica": 0, "dtype": "float16"}, "dtype float16 needs a GPU"),
+    ({"nodeType": "L4", "maxChunkPerGpu": 2, "gpusPerReplica": 0, "dtype": "float16"}, "dtype float16 needs a GPU"),
 ])
 def test_bad_specs_are_refused(bad, reason):
     errors = api_server_accepts({**VALID, **bad})
@@ -99,6 +111,22 @@ def test_lora_is_off_unless_given_and_fills_in_the_engines_defaults():
     lora = parse_pool_spec(spec).lora
     assert (lora.max_cpu_loras, lora.max_lora_rank, lora.kernel) == (
         engine.max_cpu_loras, engine.max_lora_rank, engine.lora_kernel)
+
+
+def test_compute_settings_are_optional_and_reach_the_operator_as_written():
+    assert not {"dtype", "maxNumBatchedTokens", "maxNumSeqs", "gpuMemoryUtilization"} & set(
+        with_defaults(SPEC_SCHEMA, VALID))  # absent: the engine's defaults, no schema default
+    settings = {"dtype": "bfloat16", "maxNumBatchedTokens": 2048, "maxNumSeqs": 256, "gpuMemoryUtilization": 1}
+    assert api_server_accepts({**VALID, **settings}) == []
+    spec = parse_pool_spec(with_defaults(SPEC_SCHEMA, {**VALID, **settings}))
+    assert (spec.dtype, spec.max_num_batched_tokens, spec.max_num_seqs, spec.gpu_memory_utilization) == (
+        "bfloat16", 2048, 256, 1.0)
+    for dtype in ("auto", "float32", "bfloat16"):  # every dtype but float16 runs on a CPU
+        cpu = {"nodeType": "CPU", "model": "tiny-random", "chunkSize": 256, "dtype": dtype}
+        assert api_server_accepts(cpu) == [] and parse_pool_spec(cpu).dtype == dtype
+    # float16 with a GPU, whatever the node type is called
+    assert api_server_accepts({**VALID, "nodeType": "CPU", "gpusPerReplica": 1, "dtype": "float16"}) == []
+    assert api_server_accepts({**VALID, "dtype": "float16"}) == []
 
 
 def test_an_unknown_node_type_is_fine_with_an_explicit_max_chunk_per_gpu():

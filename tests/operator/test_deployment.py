@@ -137,3 +137,29 @@ def test_the_engines_get_the_operators_otlp_endpoint_and_nothing_else_of_its_env
     assert traces_only["spec"]["template"]["spec"]["containers"][0]["env"][-1]["value"] == "http://c:4318/v1/traces"
     untraced = manifest(operator_env={"OTEL_EXPORTER_OTLP_ENDPOINT": ""})["spec"]["template"]["spec"]["containers"][0]
     assert [e["name"] for e in untraced["env"]] == ["K25_RELEASE", "POD_IP"]
+
+
+def test_without_compute_settings_the_engine_takes_its_own_defaults():
+    args = manifest()["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not {"--dtype", "--max-num-batched-tokens", "--max-num-seqs", "--gpu-memory-utilization"} & set(args)
+
+
+def test_the_compute_settings_the_pool_sets_reach_the_engine_as_the_cli_reads_them():
+    args = manifest(dtype="bfloat16", maxNumBatchedTokens=2048, maxNumSeqs=256,
+                    gpuMemoryUtilization=0.92)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--dtype"):args.index("--dtype") + 8] == [
+        "--dtype", "bfloat16", "--max-num-batched-tokens", "2048", "--max-num-seqs", "256",
+        "--gpu-memory-utilization", "0.92"]
+    parsed = build_parser().parse_args(args[1:])
+    assert (parsed.dtype, parsed.max_num_batched_tokens, parsed.max_num_seqs, parsed.gpu_memory_utilization) == (
+        "bfloat16", 2048, 256, 0.92)
+    # each one alone: only that flag, the rest the engine's defaults
+    engine = build_parser().parse_args(["engine"])
+    only = build_parser().parse_args(manifest(maxNumSeqs=8)["spec"]["template"]["spec"]["containers"][0]["args"][1:])
+    assert (only.dtype, only.max_num_batched_tokens, only.max_num_seqs, only.gpu_memory_utilization) == (
+        engine.dtype, engine.max_num_batched_tokens, 8, engine.gpu_memory_utilization)
+
+
+def test_a_cpu_pool_gets_its_dtype_on_the_cpu():
+    args = manifest(nodeType="CPU", maxChunkPerGpu=1, dtype="float32")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[-4:] == ["--device", "cpu", "--dtype", "float32"]

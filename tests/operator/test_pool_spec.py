@@ -1,6 +1,7 @@
 import pytest
 
-from operators.pool_spec import GPU_TAINT_TOLERATION, LoraSpec, PoolSpecError, parse_pool_spec
+from k25.cli import build_parser
+from operators.pool_spec import DTYPES, GPU_TAINT_TOLERATION, LoraSpec, PoolSpecError, parse_pool_spec
 
 MINIMAL = {"nodeType": "A100-40G", "model": "m", "chunkSize": 1024}
 
@@ -89,3 +90,53 @@ def test_the_triton_lora_kernel_needs_a_gpu():
     with pytest.raises(PoolSpecError, match="spec.lora.kernel triton needs a GPU"):
         parse_pool_spec({**MINIMAL, "nodeType": "CPU", "lora": {"maxLoras": 1, "kernel": "triton"}})
     assert parse_pool_spec({**MINIMAL, "nodeType": "CPU", "lora": {"maxLoras": 1}}).lora.kernel == "torch"
+
+
+def test_compute_settings_are_the_engines_defaults_unless_set():
+    spec = parse_pool_spec(MINIMAL)
+    assert (spec.dtype, spec.max_num_batched_tokens, spec.max_num_seqs, spec.gpu_memory_utilization) == (
+        None, None, None, None)
+    spec = parse_pool_spec({**MINIMAL, "dtype": "bfloat16", "maxNumBatchedTokens": 2048, "maxNumSeqs": 256,
+                            "gpuMemoryUtilization": 0.92})
+    assert (spec.dtype, spec.max_num_batched_tokens, spec.max_num_seqs, spec.gpu_memory_utilization) == (
+        "bfloat16", 2048, 256, 0.92)
+    assert parse_pool_spec({**MINIMAL, "gpuMemoryUtilization": 1}).gpu_memory_utilization == 1.0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_engine_dtype_is_accepted_on_a_gpu(dtype):
+    assert parse_pool_spec({**MINIMAL, "dtype": dtype}).dtype == dtype
+
+
+def test_the_dtypes_are_the_ones_k25_engine_takes():
+    assert build_parser().parse_args(["engine"]).dtype == "auto"  # `k25 engine`'s own default
+    for dtype in DTYPES:
+        assert build_parser().parse_args(["engine", "--dtype", dtype]).dtype == dtype
+    with pytest.raises(SystemExit):  # and nothing else
+        build_parser().parse_args(["engine", "--dtype", "fp16"])
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"dtype": "fp16"}, "spec.dtype must be one of auto, float32, bfloat16, float16, got 'fp16'"),
+    ({"dtype": ""}, "spec.dtype must be one of"),
+    ({"maxNumBatchedTokens": 0}, "spec.maxNumBatchedTokens must be at least 1, got 0"),
+    ({"maxNumBatchedTokens": "512"}, "spec.maxNumBatchedTokens must be an integer"),
+    ({"maxNumSeqs": 0}, "spec.maxNumSeqs must be at least 1, got 0"),
+    ({"maxNumSeqs": 1.5}, "spec.maxNumSeqs must be an integer"),
+    ({"gpuMemoryUtilization": 0}, r"spec.gpuMemoryUtilization must be a number in \(0, 1\], got 0"),
+    ({"gpuMemoryUtilization": 1.2}, r"spec.gpuMemoryUtilization must be a number in \(0, 1\], got 1.2"),
+    ({"gpuMemoryUtilization": "0.9"}, "spec.gpuMemoryUtilization must be a number"),
+    ({"gpuMemoryUtilization": True}, "spec.gpuMemoryUtilization must be a number"),
+])
+def test_bad_compute_settings_say_which_field(bad, message):
+    with pytest.raises(PoolSpecError, match=message):
+        parse_pool_spec({**MINIMAL, **bad})
+
+
+def test_float16_needs_a_gpu():
+    for cpu in ({"nodeType": "CPU"}, {"nodeType": "CPU", "gpusPerReplica": 0}):
+        with pytest.raises(PoolSpecError, match=r"spec.dtype float16 needs a GPU: spec.gpusPerReplica of at least 1"):
+            parse_pool_spec({**MINIMAL, **cpu, "dtype": "float16"})
+    for dtype in ("auto", "float32", "bfloat16"):
+        assert parse_pool_spec({**MINIMAL, "nodeType": "CPU", "dtype": dtype}).dtype == dtype
+    assert parse_pool_spec({**MINIMAL, "nodeType": "CPU", "gpusPerReplica": 1, "dtype": "float16"}).dtype == "float16"

@@ -89,6 +89,26 @@ sprig's merge, which takes a pool's maxLoras 0 or claimName "" for unset); (dict
 {{- toYaml $lora -}}
 {{- end -}}
 
+{{/* A pool's compute settings as YAML: each one the pool sets, else engine's unless that is
+auto or 0 (the engine's default for its device), else none; (dict "root" $ "pool" $pool) */}}
+{{- define "k25.poolCompute" -}}
+{{- $compute := dict -}}
+{{- range $key := list "dtype" "maxNumBatchedTokens" "maxNumSeqs" "gpuMemoryUtilization" -}}
+{{- $default := get $.root.Values.engine $key -}}
+{{- if hasKey $.pool $key -}}
+{{- $_ := set $compute $key (get $.pool $key) -}}
+{{- else if and $default (ne (toString $default) "auto") -}}
+{{- $_ := set $compute $key $default -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $compute -}}
+{{- end -}}
+
+{{/* The GPUs a pool's engines ask for, as the operator reads them: its gpusPerReplica, else 0 for nodeType CPU and 1 otherwise */}}
+{{- define "k25.poolGpus" -}}
+{{- if hasKey . "gpusPerReplica" -}}{{ int .gpusPerReplica }}{{- else -}}{{ ternary 0 1 (eq .nodeType "CPU") }}{{- end -}}
+{{- end -}}
+
 {{/* The restricted-policy pod fields and the pull secrets, shared by every pod. */}}
 {{- define "k25.podSecurity" -}}
 securityContext:
@@ -144,6 +164,10 @@ imagePullSecrets:
 {{- $_ := set $loraPools $pool.name true -}}
 {{- include "k25.validateLora" (dict "root" $ "where" (printf "engine.pools[%d] (%s)" $i $pool.name) "pool" $pool "lora" $lora) -}}
 {{- end -}}
+{{- $compute := fromYaml (include "k25.poolCompute" (dict "root" $ "pool" $pool)) -}}
+{{- if and (eq (toString $compute.dtype) "float16") (eq (include "k25.poolGpus" $pool) "0") -}}
+{{- fail (printf "engine.pools[%d] (%s): dtype float16 needs a GPU (gpusPerReplica is 0); on a CPU use float32, bfloat16 or auto" $i $pool.name) -}}
+{{- end -}}
 {{- end -}}
 {{- include "k25.validateRollouts" (dict "root" . "poolNames" $names "loraPools" $loraPools) -}}
 {{- if and (hasPrefix "/models/" .Values.model) (not .Values.models.persistence.enabled) -}}
@@ -168,8 +192,7 @@ imagePullSecrets:
 {{- if and (not $lora.claimName) (not .root.Values.models.persistence.enabled) -}}
 {{- fail (printf "%s: LoRA adapters come from the models claim unless lora.claimName names another, but models.persistence.enabled is false; set engine.lora.claimName (or the pool's lora.claimName) to the claim that holds the adapters" .where) -}}
 {{- end -}}
-{{- $gpus := ternary .pool.gpusPerReplica 1 (hasKey .pool "gpusPerReplica") -}}
-{{- if and (eq $lora.kernel "triton") (eq (int $gpus) 0) -}}
+{{- if and (eq $lora.kernel "triton") (eq (include "k25.poolGpus" .pool) "0") -}}
 {{- fail (printf "%s: lora.kernel triton needs a GPU (gpusPerReplica is 0); use kernel torch" .where) -}}
 {{- end -}}
 {{- end -}}
