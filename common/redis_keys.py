@@ -1,4 +1,4 @@
-"""The Redis keys shared by the gateway (writer) and the operator (reader).
+"""The Redis keys shared by the gateway, the engines and the operator.
 
 Every key starts with the release name so that two installs can share one Redis.
 Per-pool request counts live in one counter per epoch second:
@@ -8,16 +8,27 @@ Per-pool request counts live in one counter per epoch second:
 The gateway adds to the current second's bucket for every request it routes to a pool,
 and at least once a second per pool even when idle (`count=0`), so that a quiet pool
 reads as 0 QPS rather than as missing data. Several gateways add to the same buckets.
-Beside it, the outcomes of the requests that finished in that second:
 
-    {release}:stats:{pool}:{epoch_second}  hash: completed, errors, latency_s_sum
+Engines register themselves with a heartbeat, in one structure per release:
 
-Engines register themselves with a heartbeat:
+    {release}:engines                     hash: engine_id -> its JSON registry entry
+    {release}:engines:expiry              sorted set: engine_id scored by when its entry
+                                          expires (Redis' clock, epoch milliseconds)
 
-    {release}:engine:{engine_id}          JSON object, expires after the engine's TTL
-
-The engine rewrites it every second or so; a key that has expired is an engine that is
-gone. `live_engines` is how a gateway reads them all.
+The engine rewrites its entry every second or so (`register_engine`), pushing its expiry
+one TTL ahead; an entry whose expiry has passed is an engine that is gone. Gateways read
+the registry twice a second each, so it is read in one call (`live_engines`), never by
+SCANning a keyspace that grows with the per-second buckets. Both writes and reads are
+small Lua scripts, so that:
+- the entry and its expiry change together (a reader never sees one without the other);
+- expiry is judged by Redis' own clock, as a key's TTL was, never by the clocks of the
+  engine and gateway hosts;
+- a read removes the entries it finds expired (as does a write, so the hash stays small
+  without readers too), and both keys expire with the longest-lived entry, so a release
+  whose engines all stopped leaves nothing behind.
+The sorted set decides who is live; the hash only holds what they said (a hash cannot
+expire its fields before Redis 7.4, hence the set beside it). Scripts that write after
+reading the clock need Redis 5 or later (effects replication).
 """
 
 import json
@@ -75,48 +86,77 @@ def pool_qps(redis, release: str, pool: str, now: float, window_s: int = 10) -> 
     )
 
 
-def engine_key(release: str, engine_id: str) -> str:
-    return f"{release}:engine:{engine_id}"
+# KEYS: the entries hash, the expiry sorted set. Leaves `now_ms` (Redis' clock) defined and
+# the entries that expired by then removed from both.
+_PRUNE = """
+local clock = redis.call('TIME')
+local now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+for _, engine_id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now_ms)) do
+    redis.call('HDEL', KEYS[1], engine_id)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_ms)
+"""
+
+# ARGV: engine_id, its JSON entry, its TTL in milliseconds
+_REGISTER = _PRUNE + """
+local ttl_ms = tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[2], now_ms + ttl_ms, ARGV[1])
+if redis.call('PTTL', KEYS[1]) < ttl_ms then
+    redis.call('PEXPIRE', KEYS[1], ttl_ms)
+    redis.call('PEXPIRE', KEYS[2], ttl_ms)
+end
+"""
+
+# returns engine_id, entry, engine_id, entry, ... for every entry not expired
+_LIVE = _PRUNE + """
+local live = {}
+for _, engine_id in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+    local entry = redis.call('HGET', KEYS[1], engine_id)
+    if entry then
+        live[#live + 1] = engine_id
+        live[#live + 1] = entry
+    end
+end
+return live
+"""
+
+
+def engines_key(release: str) -> str:
+    return f"{release}:engines"
+
+
+def engines_expiry_key(release: str) -> str:
+    return f"{release}:engines:expiry"
 
 
 def register_engine(redis, release: str, engine_id: str, entry: dict, ttl_s: float) -> None:
     """Write (or refresh) an engine's registry entry; it disappears `ttl_s` after the last write."""
-    redis.set(engine_key(release, engine_id), json.dumps(entry), px=max(1, int(ttl_s * 1000)))
+    keys = [engines_key(release), engines_expiry_key(release)]
+    redis.register_script(_REGISTER)(keys=keys, args=[engine_id, json.dumps(entry), max(1, int(ttl_s * 1000))])
 
 
 def unregister_engine(redis, release: str, engine_id: str) -> None:
-    redis.delete(engine_key(release, engine_id))
+    pipe = redis.pipeline(transaction=True)
+    pipe.hdel(engines_key(release), engine_id)
+    pipe.zrem(engines_expiry_key(release), engine_id)
+    pipe.execute()
 
 
 def live_engines(redis, release: str) -> dict[str, dict]:
-    """Every engine whose heartbeat has not expired: engine_id -> its registry entry."""
-    prefix = engine_key(release, "")
-    keys = sorted(redis.scan_iter(match=prefix + "*", count=1000))
-    if not keys:
-        return {}
+    """Every engine whose heartbeat has not expired: engine_id -> its registry entry, in
+    engine_id order. Entries that are not JSON objects are left out."""
+    flat = redis.register_script(_LIVE)(keys=[engines_key(release), engines_expiry_key(release)])
     engines = {}
-    for key, value in zip(keys, redis.mget(keys)):
-        if value is None:  # expired between SCAN and MGET
-            continue
+    for engine_id, value in zip(flat[::2], flat[1::2]):
         try:
             entry = json.loads(value)
         except ValueError:
             continue
         if isinstance(entry, dict):
-            name = key.decode() if isinstance(key, bytes) else key
-            engines[name[len(prefix) :]] = entry
-    return engines
+            engines[_text(engine_id)] = entry
+    return dict(sorted(engines.items()))
 
 
-def stats_key(release: str, pool: str, epoch_second: int) -> str:
-    return f"{release}:stats:{pool}:{epoch_second}"
-
-
-def record_outcomes(pipe, release: str, pool: str, epoch_second: int, completed: int, errors: int, latency_s_sum: float) -> None:
-    """Add finished requests to a pool's per-second outcome hash: how many completed, how many
-    of them failed, and their summed end-to-end latency (mean = latency_s_sum / completed)."""
-    key = stats_key(release, pool, epoch_second)
-    pipe.hincrby(key, "completed", completed)
-    pipe.hincrby(key, "errors", errors)
-    pipe.hincrbyfloat(key, "latency_s_sum", latency_s_sum)
-    pipe.expire(key, BUCKET_TTL_S)
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -17,18 +17,23 @@ Rollout state, one hash per adapter:
                         served and no rollout has run; the operator writes the other three)
         generation      integer, incremented on every write
 
-`write_rollout` sets every field and increments `generation` in one transaction, then
-publishes the adapter's name on
+The adapters that have one are listed in an index, so that reading every rollout takes
+one SMEMBERS and one pipelined round of HGETALLs, never a SCAN of the keyspace:
+
+    {release}:rollout_adapters      set of adapter names
+
+`write_rollout` sets every field, increments `generation` and adds the adapter to the index
+in one transaction, then publishes the adapter's name on
 
     {release}:rollouts              pub/sub channel, message: the adapter name
 
 so that engines hot-load (and unload) versions and gateways re-read weights at once.
-`delete_rollout` removes an adapter's hash and announces that the same way; a reader
-that finds no hash after an announcement stops serving the adapter. `source` is a path
-under the engine's adapter root; `sha256` is 64 hex digits, the engine's adapter checksum
-(`cat adapter_config.json adapter_model.safetensors | sha256sum`).
+`delete_rollout` removes an adapter's hash and its index entry and announces that the same
+way; a reader that finds no hash after an announcement stops serving the adapter. `source`
+is a path under the engine's adapter root; `sha256` is 64 hex digits, the engine's adapter
+checksum (`cat adapter_config.json adapter_model.safetensors | sha256sum`).
 
-Engines report what they hold in their registry heartbeat (`{release}:engine:{id}`,
+Engines report what they hold in their registry heartbeat (`{release}:engines`,
 `common.redis_keys.live_engines`): the field `adapters`, a list of `versioned_name(adapter,
 version)` strings ("name@version").
 
@@ -84,6 +89,10 @@ def versioned_name(adapter: str, version: str) -> str:
 
 def rollout_key(release: str, adapter: str) -> str:
     return f"{release}:rollout:{check_name('adapter', adapter)}"
+
+
+def rollout_index_key(release: str) -> str:
+    return f"{release}:rollout_adapters"
 
 
 def rollout_channel(release: str) -> str:
@@ -146,8 +155,9 @@ def write_rollout(redis, release: str, adapter: str, state: RolloutState) -> int
     pipe = redis.pipeline(transaction=True)
     pipe.hset(key, mapping=fields_)
     pipe.hincrby(key, "generation", 1)
+    pipe.sadd(rollout_index_key(release), adapter)
     pipe.publish(rollout_channel(release), adapter)
-    _, generation, _ = pipe.execute()
+    _, generation, _, _ = pipe.execute()
     return generation
 
 
@@ -155,8 +165,9 @@ def delete_rollout(redis, release: str, adapter: str) -> bool:
     """Remove the adapter's rollout state and announce it; False when there was none."""
     pipe = redis.pipeline(transaction=True)
     pipe.delete(rollout_key(release, adapter))
+    pipe.srem(rollout_index_key(release), adapter)
     pipe.publish(rollout_channel(release), adapter)
-    deleted, _ = pipe.execute()
+    deleted, _, _ = pipe.execute()
     return bool(deleted)
 
 
@@ -168,17 +179,16 @@ def read_rollout(redis, release: str, adapter: str) -> RolloutState | None:
 
 
 def read_all_rollouts(redis, release: str) -> dict[str, RolloutState]:
-    """Every adapter's rollout state: adapter name -> state."""
-    prefix = f"{release}:rollout:"
-    keys = sorted(_text(k) for k in redis.scan_iter(match=prefix + "*", count=1000))
+    """Every adapter's rollout state: adapter name -> state, in name order."""
+    adapters = sorted(_text(name) for name in redis.smembers(rollout_index_key(release)))
     pipe = redis.pipeline(transaction=False)
-    for key in keys:
-        pipe.hgetall(key)
+    for adapter in adapters:
+        pipe.hgetall(rollout_key(release, adapter))
     states = {}
-    for key, raw in zip(keys, pipe.execute() if keys else []):
-        state = _parse_state(key, raw)
-        if state is not None:  # deleted between SCAN and HGETALL
-            states[key[len(prefix):]] = state
+    for adapter, raw in zip(adapters, pipe.execute() if adapters else []):
+        state = _parse_state(rollout_key(release, adapter), raw)
+        if state is not None:  # deleted between SMEMBERS and HGETALL
+            states[adapter] = state
     return states
 
 

@@ -1,4 +1,8 @@
-"""What an engine tells the registry about itself: fixed facts plus a snapshot of its load."""
+"""What an engine tells the registry about itself: fixed facts plus a snapshot of its load.
+
+The facts include the limits by which a gateway judges the engine (its admission limits
+and its heartbeat's TTL): the engine's settings are their one source, gateways keep no
+copies, so an engine started with other limits is judged by its own."""
 
 from dataclasses import dataclass
 
@@ -16,6 +20,9 @@ class EngineProfile:
     max_chunk_per_gpu: int
     capacity_tokens: int
     max_model_len: int  # prompt + max_tokens of one request may not exceed this
+    kv_admission_limit: float  # KV use above which new requests get RESOURCE_EXHAUSTED
+    max_waiting: int  # queued requests at which new ones get RESOURCE_EXHAUSTED
+    heartbeat_ttl_s: float  # how long the entry outlives its last refresh
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,9 @@ def registry_entry(profile: EngineProfile, stats: EngineStats) -> dict:
         "max_chunk_per_gpu": profile.max_chunk_per_gpu,
         "capacity_tokens": profile.capacity_tokens,
         "max_model_len": profile.max_model_len,
+        "kv_admission_limit": profile.kv_admission_limit,
+        "max_waiting": profile.max_waiting,
+        "heartbeat_ttl_s": profile.heartbeat_ttl_s,
         "free_kv_fraction": round(1.0 - stats.kv_usage, 6),
         "running": stats.running,
         "waiting": stats.waiting,

@@ -104,6 +104,9 @@ def run(args: argparse.Namespace) -> int:
         max_chunk_per_gpu=engine.max_chunk_per_gpu,
         capacity_tokens=engine.capacity_tokens,
         max_model_len=engine.max_model_len,
+        kv_admission_limit=config.kv_admission_limit,
+        max_waiting=config.max_waiting,
+        heartbeat_ttl_s=args.heartbeat_ttl_s,
     )
     server.traces = RequestTraces(engine_id, args.pool, args.model)
     tracing = setup_tracing("k25-engine")

@@ -1,6 +1,6 @@
 """Request counts kept in memory and flushed to Redis once a second: per pool (the QPS the
-operator scales on, with completions, errors and latency) and per adapter version (what
-the canary analysis reads).
+operator scales on) and per adapter version (outcomes and latency, what the canary
+analysis reads).
 
 When Redis is unreachable the counts stay pending and go out with the next flush that
 succeeds, so an outage shows up as late data rather than as a dip in QPS; buckets older
@@ -11,24 +11,8 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from common.redis_keys import BUCKET_TTL_S, record_outcomes, record_requests
+from common.redis_keys import BUCKET_TTL_S, record_requests
 from common.rollout_keys import record_version_outcomes
-
-
-@dataclass
-class SecondCounts:
-    """One pool's requests in one second."""
-
-    requests: int = 0
-    completed: int = 0
-    errors: int = 0
-    latency_s_sum: float = 0.0
-
-    def add(self, other: "SecondCounts") -> None:
-        self.requests += other.requests
-        self.completed += other.completed
-        self.errors += other.errors
-        self.latency_s_sum += other.latency_s_sum
 
 
 @dataclass
@@ -47,7 +31,7 @@ class VersionCounts:
 
 @dataclass
 class Pending:
-    pools: dict[tuple[str, int], SecondCounts] = field(default_factory=lambda: defaultdict(SecondCounts))
+    pools: dict[tuple[str, int], int] = field(default_factory=lambda: defaultdict(int))  # (pool, second) -> requests
     versions: dict[tuple[str, str, int], VersionCounts] = field(default_factory=lambda: defaultdict(VersionCounts))
 
 
@@ -59,36 +43,31 @@ class RequestAccounting:
 
     def arrived(self, pool: str, now: float) -> None:
         self.known_pools.add(pool)
-        self.pending.pools[(pool, math.floor(now))].requests += 1
+        self.pending.pools[(pool, math.floor(now))] += 1
 
-    def finished(self, pool: str, now: float, latency_s: float, failed: bool,
-                 adapter_version: tuple[str, str] | None = None) -> None:
-        second = math.floor(now)
-        counts = self.pending.pools[(pool, second)]
-        counts.completed += 1
+    def finished(self, adapter: str, version: str, now: float, latency_s: float, failed: bool) -> None:
+        """A request to an adapter version ended (requests to the base model have no outcome
+        bucket: nothing reads one)."""
+        counts = self.pending.versions[(adapter, version, math.floor(now))]
+        counts.requests += 1
         counts.errors += int(failed)
-        counts.latency_s_sum += latency_s
-        if adapter_version is not None:
-            version = self.pending.versions[(*adapter_version, second)]
-            version.requests += 1
-            version.errors += int(failed)
-            version.latencies.append(latency_s)
+        counts.latencies.append(latency_s)
 
     def take(self, now: float) -> Pending:
         """Hand over what is pending (called on the event loop), with a zero bucket this second
         for each known pool (a quiet pool reads 0 QPS, not missing data)."""
         current = math.floor(now)
         for pool in self.known_pools:
-            self.pending.pools[(pool, current)]  # a zero bucket unless there is one already
+            self.pending.pools[(pool, current)] += 0  # a zero bucket unless there is one already
         taken, self.pending = self.pending, Pending()
         return taken
 
     def give_back(self, taken: Pending, now: float) -> None:
         """Put back what could not be written, except buckets older than Redis would keep."""
         oldest = math.floor(now) - BUCKET_TTL_S
-        for key, counts in taken.pools.items():
+        for key, requests in taken.pools.items():
             if key[-1] > oldest:
-                self.pending.pools[key].add(counts)
+                self.pending.pools[key] += requests
         for key, counts in taken.versions.items():
             if key[-1] > oldest:
                 self.pending.versions[key].add(counts)
@@ -97,10 +76,8 @@ class RequestAccounting:
 def write_counts(redis, release: str, taken: Pending) -> None:
     """One pipeline for all the buckets (runs in a worker thread; raises what Redis raises)."""
     pipe = redis.pipeline(transaction=False)
-    for (pool, second), counts in taken.pools.items():
-        record_requests(pipe, release, pool, second, counts.requests)
-        if counts.completed:
-            record_outcomes(pipe, release, pool, second, counts.completed, counts.errors, counts.latency_s_sum)
+    for (pool, second), requests in taken.pools.items():
+        record_requests(pipe, release, pool, second, requests)
     for (adapter, version, second), counts in taken.versions.items():
         record_version_outcomes(pipe, release, adapter, version, second, counts.requests, counts.errors, counts.latencies)
     pipe.execute()

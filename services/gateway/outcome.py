@@ -71,8 +71,8 @@ class RequestOutcome:
         g.metrics.latency.labels(self.pool).observe(now - self.started)
         failed = status >= 500
         adapter = self.adapter
-        g.accounting.finished(self.pool, now, now - self.started, failed, (adapter.name, adapter.version) if adapter else None)
         if adapter is not None:
+            g.accounting.finished(adapter.name, adapter.version, now, now - self.started, failed)
             g.metrics.lora_requests.labels(adapter.name, adapter.version, adapter.group, str(status)).inc()
             if not failed:
                 g.metrics.lora_latency.labels(adapter.name, adapter.group).observe(now - self.started)

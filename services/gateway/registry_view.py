@@ -2,8 +2,9 @@
 
 When Redis cannot be read the gateway keeps routing with the last engines it saw (their
 own connections tell it if one of them dies) and reports the outage in /readyz and the log.
-A Redis that comes back may have lost every key: for one heartbeat TTL after an outage,
-engines seen before it stay in the view until they have had the time to register again.
+A Redis that comes back may have lost every key: engines seen before the outage stay in the
+view for one heartbeat TTL after it (each its own, as its last entry said), the time they
+have to register again.
 """
 
 import asyncio
@@ -20,11 +21,10 @@ log = logging.getLogger(__name__)
 
 
 class RegistryView:
-    def __init__(self, client: redis.Redis, release: str, recovery_grace_s: float = 5.0):
+    def __init__(self, client: redis.Redis, release: str):
         self.client = client
         self.release = release
-        self.recovery_grace_s = recovery_grace_s
-        self._recovering_until = 0.0
+        self._recovered_at: float | None = None  # when Redis last came back after an outage
         self.engines: list[EngineView] = []
         self.rollouts: dict[str, RolloutState] = {}  # adapter -> its rollout state
         self.redis_ok: bool | None = None  # None until the first read
@@ -41,15 +41,16 @@ class RegistryView:
         now = time.time()
         if self.redis_ok is False:
             log.info("registry Redis is back: %d engines", len(entries))
-            self._recovering_until = now + self.recovery_grace_s
+            self._recovered_at = now
         views = [EngineView.from_entry(engine_id, entry) for engine_id, entry in entries.items()]
         broken = [engine_id for engine_id, view in zip(entries, views) if view is None]
         if broken:
             log.warning("ignoring unreadable registry entries: %s", ", ".join(broken))
         fresh = [v for v in views if v is not None]
-        if now < self._recovering_until:
+        if self._recovered_at is not None:
             fresh_ids = {v.engine_id for v in fresh}
-            fresh += [e for e in self.engines if e.engine_id not in fresh_ids]
+            fresh += [e for e in self.engines
+                      if e.engine_id not in fresh_ids and now < self._recovered_at + e.heartbeat_ttl_s]
         self.engines = fresh
         self.rollouts = rollouts
         self.redis_ok = True

@@ -8,16 +8,15 @@ largest `chunk_size` (fewest chunks). Within a pool, engines are ordered by free
 steps of 5%, most first), then by load (running and waiting as last reported, plus this
 gateway's own requests open on it, which are fresher), then by a turn that rotates with
 every request, so that idle engines share the work instead of the first one taking it all.
-Those whose last heartbeat reported them past the KV admission limit or with a full queue
-come last rather than not at all, since a heartbeat is up to a second old and the engine's
-own admission check is the one that counts (a refusal costs one round trip).
+Those whose last heartbeat reported them past their KV admission limit or with their queue
+full come last rather than not at all, since a heartbeat is up to a second old and the
+engine's own admission check is the one that counts (a refusal costs one round trip). Both
+limits are the engine's own, from its heartbeat: the gateway keeps no copy of them.
 """
 
 from dataclasses import dataclass
 from enum import Enum
 
-# the engine refuses new requests above this KV use (engine/config.py kv_admission_limit)
-KV_ADMISSION_LIMIT = 0.92
 # free KV is compared in steps of 1/KV_STEPS: within a step, load decides
 KV_STEPS = 20
 
@@ -35,12 +34,16 @@ class EngineView:
     free_kv_fraction: float
     running: int
     waiting: int
+    kv_admission_limit: float  # the engine refuses new requests above this KV use
+    max_waiting: int  # ... and while this many are queued
+    heartbeat_ttl_s: float  # how long its entry outlives its last refresh
     adapters: tuple[str, ...] = ()
 
     @classmethod
     def from_entry(cls, engine_id: str, entry: dict) -> "EngineView | None":
-        """None for an entry that lacks a field or has one of the wrong type: a broken
-        heartbeat must not take routing down."""
+        """None for an entry that lacks a field, has one of the wrong type or a limit out of
+        range (an engine too old to report its limits included): a broken heartbeat must not
+        take routing down, and an engine is judged by its own limits or not at all."""
         try:
             view = cls(
                 engine_id=engine_id,
@@ -52,11 +55,16 @@ class EngineView:
                 free_kv_fraction=float(entry["free_kv_fraction"]),
                 running=int(entry.get("running", 0)),
                 waiting=int(entry.get("waiting", 0)),
+                kv_admission_limit=float(entry["kv_admission_limit"]),
+                max_waiting=int(entry["max_waiting"]),
+                heartbeat_ttl_s=float(entry["heartbeat_ttl_s"]),
                 adapters=tuple(str(a) for a in entry.get("adapters", ())),
             )
         except (KeyError, TypeError, ValueError):
             return None
-        return view if view.chunk_size > 0 and view.max_model_len > 0 else None
+        sane = (view.chunk_size > 0 and view.max_model_len > 0 and 0.0 <= view.kv_admission_limit <= 1.0
+                and view.max_waiting >= 0 and view.heartbeat_ttl_s > 0)  # NaN fails every comparison
+        return view if sane else None
 
 
 @dataclass(frozen=True)
@@ -81,7 +89,7 @@ class RoutePlan:
     max_context: int = 0  # the largest context among live engines, for the error message
 
 
-def plan_route(engines: list[EngineView], prompt_tokens: int, max_tokens: int, max_waiting: int = 1024,
+def plan_route(engines: list[EngineView], prompt_tokens: int, max_tokens: int,
                open_requests: dict[str, int] | None = None, turn: int = 0) -> RoutePlan:
     """`open_requests`: this gateway's requests open per engine id; `turn`: a number that
     changes from one request to the next (it rotates the order of otherwise equal engines)."""
@@ -101,7 +109,7 @@ def plan_route(engines: list[EngineView], prompt_tokens: int, max_tokens: int, m
             continue
         ids = sorted(e.engine_id for e in fitting)
         fitting.sort(key=lambda e: (
-            _reported_full(e, max_waiting), -round(e.free_kv_fraction * KV_STEPS),
+            _reported_full(e), -round(e.free_kv_fraction * KV_STEPS),
             e.running + e.waiting + (open_requests or {}).get(e.engine_id, 0), (ids.index(e.engine_id) - turn) % len(ids),
         ))
         routes.append(PoolRoute(pool, chunk_size, tuple(fitting)))
@@ -111,15 +119,16 @@ def plan_route(engines: list[EngineView], prompt_tokens: int, max_tokens: int, m
     return RoutePlan(routes=tuple(routes), pool=routes[0].pool, max_context=max_context)
 
 
-def attempts(plan: RoutePlan, max_waiting: int = 1024) -> list[tuple[PoolRoute, EngineView]]:
+def attempts(plan: RoutePlan) -> list[tuple[PoolRoute, EngineView]]:
     """The order to try engines in: every engine not reported full, pools in order of
     preference, then the ones reported full, in the same order."""
     pairs = [(route, engine) for route in plan.routes for engine in route.engines]
-    return sorted(pairs, key=lambda pair: _reported_full(pair[1], max_waiting))  # stable: keeps the rest of the order
+    return sorted(pairs, key=lambda pair: _reported_full(pair[1]))  # stable: keeps the rest of the order
 
 
-def _reported_full(engine: EngineView, max_waiting: int) -> bool:
-    return engine.free_kv_fraction < 1 - KV_ADMISSION_LIMIT or engine.waiting >= max_waiting
+def _reported_full(engine: EngineView) -> bool:
+    """Whether the engine's own admission check would refuse a request now, by its last heartbeat."""
+    return 1.0 - engine.free_kv_fraction > engine.kv_admission_limit or engine.waiting >= engine.max_waiting
 
 
 def _pool_chunk_size(members: list[EngineView]) -> int:

@@ -19,6 +19,7 @@ from common.rollout_keys import (
     read_rollout,
     record_version_outcomes,
     rollout_channel,
+    rollout_index_key,
     rollout_key,
     version_stats,
     versioned_name,
@@ -78,6 +79,8 @@ def test_deleting_removes_the_state_and_says_whether_there_was_one(redis_client)
     write_rollout(redis_client, "rel", "legal", CANARY)
     assert delete_rollout(redis_client, "rel", "legal") is True
     assert read_rollout(redis_client, "rel", "legal") is None
+    assert read_all_rollouts(redis_client, "rel") == {}
+    assert redis_client.smembers(rollout_index_key("rel")) == set()
     assert delete_rollout(redis_client, "rel", "legal") is False
 
 
@@ -91,6 +94,18 @@ def test_read_all_returns_every_adapter_of_the_release_only(redis_client):
     assert {name: s.canary_weight for name, s in states.items()} == {"legal": 20, "summary": 0}
     assert states["summary"].has_canary is False and states["summary"].phase == "Stable"
     assert read_all_rollouts(redis_client, "none") == {}
+
+
+def test_read_all_takes_the_index_not_a_scan(redis_client):
+    """Gateways read every rollout twice a second: from the release's index, never by
+    scanning a keyspace that grows with the per-second buckets."""
+    write_rollout(redis_client, "rel", "legal", CANARY)
+    assert rollout_index_key("rel") == "rel:rollout_adapters"
+    assert redis_client.smembers("rel:rollout_adapters") == {b"legal"}
+    redis_client.config_resetstat()
+    assert set(read_all_rollouts(redis_client, "rel")) == {"legal"}
+    calls = {name.removeprefix("cmdstat_"): stats["calls"] for name, stats in redis_client.info("commandstats").items()}
+    assert (calls["smembers"], calls["hgetall"]) == (1, 1) and "scan" not in calls and "keys" not in calls
 
 
 @pytest.mark.parametrize("change, message", [

@@ -2,10 +2,11 @@
 
 import json
 import logging
+import time
 
 import pytest
 
-from common.redis_keys import engine_key, live_engines
+from common.redis_keys import engines_expiry_key, engines_key, live_engines, register_engine
 from engine.heartbeat import Heartbeat, registry_client
 from engine.registry import EngineProfile, EngineStats, registry_entry
 from tests.helpers.redis_server import free_port, redis_client, redis_server  # noqa: F401  (fixtures)
@@ -13,6 +14,7 @@ from tests.helpers.redis_server import free_port, redis_client, redis_server  # 
 PROFILE = EngineProfile(
     engine_id="e1", address="10.0.0.7:5555", pool="long", node_type="h100-80g", model="smollm2-135m",
     chunk_size=4096, max_chunk_per_gpu=8, capacity_tokens=32768, max_model_len=8192,
+    kv_admission_limit=0.9, max_waiting=256, heartbeat_ttl_s=5.0,
 )
 
 
@@ -21,29 +23,72 @@ def test_the_entry_holds_the_facts_and_the_load():
     assert entry == {
         "engine_id": "e1", "address": "10.0.0.7:5555", "pool": "long", "node_type": "h100-80g",
         "model": "smollm2-135m", "chunk_size": 4096, "max_chunk_per_gpu": 8, "capacity_tokens": 32768,
-        "max_model_len": 8192, "free_kv_fraction": 0.75, "running": 3, "waiting": 1, "adapters": [],
+        "max_model_len": 8192, "kv_admission_limit": 0.9, "max_waiting": 256, "heartbeat_ttl_s": 5.0,
+        "free_kv_fraction": 0.75, "running": 3, "waiting": 1, "adapters": [],
     }
     assert json.loads(json.dumps(entry)) == entry
 
 
-def test_keys_are_prefixed_with_the_release():
-    assert engine_key("prod", "pod-a-5555") == "prod:engine:pod-a-5555"
+def test_the_registry_is_one_structure_per_release():
+    assert (engines_key("prod"), engines_expiry_key("prod")) == ("prod:engines", "prod:engines:expiry")
+
+
+def redis_now_ms(client) -> int:
+    seconds, microseconds = client.time()
+    return seconds * 1000 + microseconds // 1000
 
 
 def test_a_beat_writes_the_entry_with_a_ttl_and_stop_removes_it(redis_client):
     heartbeat = Heartbeat(redis_client, "k25", "e1", lambda: registry_entry(PROFILE, EngineStats()), interval_s=1, ttl_s=5)
     assert heartbeat.beat()
-    assert 0 < redis_client.pttl("k25:engine:e1") <= 5000
+    assert 0 < redis_client.zscore("k25:engines:expiry", "e1") - redis_now_ms(redis_client) <= 5000
     assert live_engines(redis_client, "k25") == {"e1": registry_entry(PROFILE, EngineStats())}
     heartbeat.stop()
-    assert redis_client.exists("k25:engine:e1") == 0
     assert live_engines(redis_client, "k25") == {}
+    assert redis_client.exists("k25:engines", "k25:engines:expiry") == 0
+
+
+def test_an_entry_not_refreshed_within_its_ttl_is_not_listed_and_is_removed(redis_client):
+    register_engine(redis_client, "k25", "gone", {"address": "a:1"}, ttl_s=0.2)
+    register_engine(redis_client, "k25", "alive", {"address": "b:2"}, ttl_s=5)
+    assert set(live_engines(redis_client, "k25")) == {"alive", "gone"}
+    time.sleep(0.3)
+    assert live_engines(redis_client, "k25") == {"alive": {"address": "b:2"}}
+    assert redis_client.hkeys("k25:engines") == [b"alive"]
+    assert redis_client.zrange("k25:engines:expiry", 0, -1) == [b"alive"]
+
+
+def test_a_refresh_pushes_the_expiry_one_ttl_ahead(redis_client):
+    register_engine(redis_client, "k25", "e1", {"address": "a:1"}, ttl_s=0.3)
+    time.sleep(0.2)
+    register_engine(redis_client, "k25", "e1", {"address": "a:1", "running": 1}, ttl_s=0.3)
+    time.sleep(0.2)  # past the first write's expiry, within the second's
+    assert live_engines(redis_client, "k25") == {"e1": {"address": "a:1", "running": 1}}
+
+
+def test_the_keys_expire_with_the_longest_lived_entry(redis_client):
+    """A release whose engines all stopped beating leaves nothing in Redis, read or not."""
+    register_engine(redis_client, "k25", "long", {"address": "a:1"}, ttl_s=5)
+    register_engine(redis_client, "k25", "short", {"address": "b:2"}, ttl_s=1)
+    assert 4000 < redis_client.pttl("k25:engines") <= 5000
+    assert 4000 < redis_client.pttl("k25:engines:expiry") <= 5000
+
+
+def test_live_engines_is_one_call(redis_client):
+    register_engine(redis_client, "k25", "e1", {"address": "a:1"}, ttl_s=5)
+    live_engines(redis_client, "k25")  # the first call also loads the script into Redis
+    redis_client.config_resetstat()
+    assert live_engines(redis_client, "k25") == {"e1": {"address": "a:1"}}
+    calls = {name.removeprefix("cmdstat_"): stats["calls"] for name, stats in redis_client.info("commandstats").items()}
+    assert calls["evalsha"] == 1 and "scan" not in calls and "keys" not in calls
 
 
 def test_live_engines_skips_other_releases_and_unreadable_entries(redis_client):
-    redis_client.set("k25:engine:good", json.dumps({"address": "a:1"}))
-    redis_client.set("k25:engine:broken", "{not json")
-    redis_client.set("other:engine:x", json.dumps({"address": "b:2"}))
+    for release, engine_id in (("k25", "good"), ("k25", "broken"), ("k25", "a-list"), ("other", "x")):
+        register_engine(redis_client, release, engine_id, {"address": "a:1"}, ttl_s=5)
+    redis_client.hset("k25:engines", "broken", "{not json")
+    redis_client.hset("k25:engines", "a-list", "[1, 2]")
+    redis_client.hset("k25:engines", "no-expiry", json.dumps({"address": "c:3"}))  # never written by register_engine
     assert live_engines(redis_client, "k25") == {"good": {"address": "a:1"}}
 
 

@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.redis_keys import live_engines
+from common.redis_keys import engines_expiry_key
 from engine.base.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.offline import generate
@@ -30,6 +30,7 @@ from tests.helpers.redis_server import module_redis_url  # noqa: F401 (fixture)
 
 CHUNK = 32
 MAX_CHUNKS = 64  # KV for 2,048 tokens: room for a long request to cancel
+MAX_WAITING = 500  # not the default: the heartbeat must report the engine's own
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +38,7 @@ def engine(module_redis_url, tmp_path_factory):
     handle = start_engine(
         module_redis_url, str(tmp_path_factory.mktemp("engine") / "engine.log"),
         "--model", "tiny-random", "--chunk-size", str(CHUNK), "--max-chunk-per-gpu", str(MAX_CHUNKS), "--pool", "short",
+        "--max-waiting", str(MAX_WAITING),
     )
     yield handle
     handle.stop()
@@ -178,8 +180,11 @@ def test_the_heartbeat_registers_the_engine_with_its_facts_and_a_ttl(engine):
     assert 0.0 <= entry["free_kv_fraction"] <= 1.0
     assert isinstance(entry["running"], int) and isinstance(entry["waiting"], int)
     assert entry["adapters"] == []
-    assert 0 < engine.redis.pttl(engine.registry_key) <= 5000
-    assert live_engines(engine.redis, RELEASE)[engine.engine_id]["address"] == entry["address"]
+    assert (entry["kv_admission_limit"], entry["max_waiting"]) == (EngineConfig().kv_admission_limit, MAX_WAITING)
+    assert entry["heartbeat_ttl_s"] == 5.0
+    seconds, microseconds = engine.redis.time()
+    expires_in_ms = engine.redis.zscore(engines_expiry_key(RELEASE), engine.engine_id) - (seconds * 1000 + microseconds // 1000)
+    assert 0 < expires_in_ms <= 5000
 
 
 def test_metrics_serve_the_engine_families(engine):

@@ -121,6 +121,7 @@ def test_the_heartbeat_lists_the_loaded_adapters(serving, redis_client):
     profile = EngineProfile(
         engine_id="e1", address="127.0.0.1:1", pool="short", node_type="cpu", model="tiny", chunk_size=CHUNK,
         max_chunk_per_gpu=engine.max_chunk_per_gpu, capacity_tokens=engine.capacity_tokens, max_model_len=engine.max_model_len,
+        kv_admission_limit=0.92, max_waiting=1024, heartbeat_ttl_s=5.0,
     )
     heartbeat = Heartbeat(redis_client, "test", "e1", lambda: registry_entry(profile, server.stats), interval_s=1, ttl_s=5)
     assert heartbeat.beat()

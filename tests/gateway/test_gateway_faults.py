@@ -126,7 +126,7 @@ def test_redis_stopped_and_restarted_under_traffic(gateway, engine_a, redis_db):
         assert len(results) > during  # still serving from the last-known registry
         redis_db.start()
         client = redis.Redis.from_url(redis_db.url)
-        wait_until(lambda: client.exists(engine_a.registry_key), what="the engine registering again")
+        wait_until(lambda: engine_a.registry_entry() is not None, what="the engine registering again")
         wait_until(lambda: http_json(f"{gateway.url}/readyz")[2]["redis"] == "ok", what="the gateway reading Redis again")
         # counts made during the outage reach Redis once it is back
         wait_until(lambda: sum(int(client.get(k)) for k in client.scan_iter("test:qps:default:*")) >= during,

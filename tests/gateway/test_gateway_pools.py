@@ -1,13 +1,13 @@
 """Two pools with different chunk_size under one `k25 up`: the gateway routes by prompt
 length, engines refuse prompts padded for another pool, and pads never change the output."""
 
-import json
 import signal
 import time
 
 import pytest
 import redis
 
+from common.redis_keys import live_engines
 from common.tokenizer import load_tokenizer
 from proto import k25_pb2
 from tests.helpers.engine_process import RELEASE, dealer, generate_message, receive_until_done, send
@@ -34,8 +34,7 @@ def db(module_redis_url):  # noqa: F811
 @pytest.fixture(scope="module")
 def engines(stack, db):
     """pool -> registry entry."""
-    entries = [json.loads(db.get(key)) for key in db.scan_iter(f"{RELEASE}:engine:*")]
-    return {entry["pool"]: entry for entry in entries}
+    return {entry["pool"]: entry for entry in live_engines(db, RELEASE).values()}
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,10 @@ import pytest
 from services.gateway.routing import EngineView, Refusal, attempts, plan_route
 
 
-def engine(engine_id, pool="short", chunk_size=256, max_model_len=2048, free=1.0, running=0, waiting=0):
-    return EngineView(engine_id, f"10.0.0.1:{len(engine_id)}", pool, "m", chunk_size, max_model_len, free, running, waiting)
+def engine(engine_id, pool="short", chunk_size=256, max_model_len=2048, free=1.0, running=0, waiting=0,
+           kv_admission_limit=0.92, max_waiting=1024):
+    return EngineView(engine_id, f"10.0.0.1:{len(engine_id)}", pool, "m", chunk_size, max_model_len, free, running, waiting,
+                      kv_admission_limit, max_waiting, heartbeat_ttl_s=5.0)
 
 
 SHORT = [engine("s1", free=0.5), engine("s2", free=0.9)]
@@ -74,6 +76,17 @@ def test_engines_reported_full_come_last_not_never(full):
     assert [e.engine_id for e in plan.routes[0].engines] == ["ok", full.engine_id]
 
 
+@pytest.mark.parametrize("limited", [engine("kv", free=0.25, kv_admission_limit=0.7), engine("queue", waiting=8, max_waiting=8)])
+def test_an_engine_is_judged_full_by_its_own_limits(limited):
+    """The limits come from the engine's heartbeat: the same load is full for an engine with
+    lower limits and not for one with the defaults."""
+    plan = plan_route([limited, engine("ok", free=0.2)], 10, 10)
+    assert [e.engine_id for e in plan.routes[0].engines] == ["ok", limited.engine_id]
+    roomy = engine("roomy", free=limited.free_kv_fraction, waiting=limited.waiting)
+    plan = plan_route([roomy, engine("ok", free=0.2)], 10, 10)
+    assert [e.engine_id for e in plan.routes[0].engines] == ["roomy", "ok"]
+
+
 def test_engines_reported_full_are_tried_after_every_other_pool():
     plan = plan_route([engine("s", free=0.0), engine("s2", free=0.06)] + LONG, 100, 10)
     assert [r.pool for r in plan.routes] == ["short", "long"] and plan.pool == "short" and plan.refusal is None
@@ -86,19 +99,38 @@ def test_an_engine_with_another_chunk_size_in_the_pool_is_not_used():
     assert {e.engine_id for e in plan.routes[0].engines} == {"a", "b"}
 
 
-@pytest.mark.parametrize("entry", [
-    {},
-    {"address": "h:1", "pool": "p", "model": "m", "chunk_size": "x", "max_model_len": 10, "free_kv_fraction": 1},
-    {"address": "h:1", "pool": "p", "model": "m", "chunk_size": 0, "max_model_len": 10, "free_kv_fraction": 1},
-    {"address": "h:1", "pool": "p", "model": "m", "chunk_size": 16, "max_model_len": 10, "free_kv_fraction": None},
+GOOD_ENTRY = {"address": "h:1", "pool": "p", "model": "m", "chunk_size": 16, "max_model_len": 10, "free_kv_fraction": 1,
+              "kv_admission_limit": 0.92, "max_waiting": 1024, "heartbeat_ttl_s": 5.0}
+
+
+def test_a_complete_entry_is_read():
+    assert EngineView.from_entry("e", GOOD_ENTRY) == EngineView("e", "h:1", "p", "m", 16, 10, 1.0, 0, 0, 0.92, 1024, 5.0)
+
+
+@pytest.mark.parametrize("change", [
+    {"chunk_size": "x"},
+    {"chunk_size": 0},
+    {"free_kv_fraction": None},
+    {"kv_admission_limit": 1.5},
+    {"kv_admission_limit": float("nan")},
+    {"max_waiting": -1},
+    {"heartbeat_ttl_s": 0},
 ])
-def test_broken_registry_entries_are_ignored(entry):
-    assert EngineView.from_entry("e", entry) is None
+def test_broken_registry_entries_are_ignored(change):
+    assert EngineView.from_entry("e", {**GOOD_ENTRY, **change}) is None
+
+
+@pytest.mark.parametrize("field", ["address", "chunk_size", "kv_admission_limit", "max_waiting", "heartbeat_ttl_s"])
+def test_an_entry_without_a_field_is_ignored(field):
+    """An engine that does not report its limits (one older than them) cannot be judged by
+    them: it is left out rather than judged by limits the gateway would have to guess."""
+    assert EngineView.from_entry("e", {k: v for k, v in GOOD_ENTRY.items() if k != field}) is None
 
 
 def test_registry_entry_as_the_engine_writes_it():
     from engine.registry import EngineProfile, EngineStats, registry_entry
 
-    profile = EngineProfile("e1", "10.1.2.3:5555", "long", "a100-80g", "m", 2048, 4, 8192, 8192)
+    profile = EngineProfile("e1", "10.1.2.3:5555", "long", "a100-80g", "m", 2048, 4, 8192, 8192,
+                            kv_admission_limit=0.8, max_waiting=64, heartbeat_ttl_s=3.0)
     view = EngineView.from_entry("e1", registry_entry(profile, EngineStats(running=2, waiting=1, kv_usage=0.25)))
-    assert view == EngineView("e1", "10.1.2.3:5555", "long", "m", 2048, 8192, 0.75, 2, 1)
+    assert view == EngineView("e1", "10.1.2.3:5555", "long", "m", 2048, 8192, 0.75, 2, 1, 0.8, 64, 3.0)

@@ -2,7 +2,6 @@
 
 Import the helpers: `from engine_process import EngineProcess, start_engine, ...`."""
 
-import json
 import os
 import signal
 import subprocess
@@ -15,6 +14,7 @@ import redis
 import zmq
 
 from common.padding import pad_to_chunk_size
+from common.redis_keys import live_engines
 from proto import k25_pb2
 from tests.helpers.redis_server import free_port
 
@@ -39,13 +39,8 @@ class EngineProcess:
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
-    @property
-    def registry_key(self) -> str:
-        return f"{RELEASE}:engine:{self.engine_id}"
-
     def registry_entry(self) -> dict | None:
-        value = self.redis.get(self.registry_key)
-        return None if value is None else json.loads(value)
+        return live_engines(self.redis, RELEASE).get(self.engine_id)
 
     def log(self) -> str:
         with open(self.log_path) as f:
