@@ -1,19 +1,23 @@
 """The engine's ZMQ server: a ROUTER socket that feeds LLMEngine's loop and streams back.
 
 Wire (see proto/k25.proto): a client (a gateway's DEALER) sends one frame, a serialized
-ClientMessage; the ROUTER sees [identity, payload]. For `generate` the client receives
-TokenDeltas and then exactly one Final or Error with the same request_id; a refusal is
-one Error at once. `cancel` of a running request ends it in the same loop turn (its KV
-blocks are freed) and answers with a Final whose finish_reason is ABORT; a cancel for a
-request that has already finished, or that another peer sent, is ignored. A frame that
-is not [identity, ClientMessage] is answered with an Error INVALID_ARGUMENT (request_id
-empty when it could not be read). A peer that disconnects has its requests aborted.
-On shutdown every request still running is answered with an Error CANCELLED.
+ClientMessage; the ROUTER sees [identity, payload]. Every frame back is an EngineBatch:
+each engine step sends a peer at most one, holding every message of that step for that
+peer's requests in order, so the frame count follows steps and peers, not tokens times
+requests. For `generate` the client receives TokenDeltas and then exactly one Final or
+Error with the same request_id; a refusal is one Error at once (a batch of one). `cancel`
+of a running request ends it in the same loop turn (its KV blocks are freed) and answers
+with a Final whose finish_reason is ABORT; a cancel for a request that has already
+finished, or that another peer sent, is ignored. A frame that is not [identity,
+ClientMessage] is answered with an Error INVALID_ARGUMENT (request_id empty when it could
+not be read). A peer that disconnects has its requests aborted. On shutdown every request
+still running is answered with an Error CANCELLED (one batch per peer).
 
 One thread runs `serve`: it blocks on the socket while the engine is idle, and between
-steps only looks for frames without waiting. Outputs wait in an Outbox when a peer's
-queue is full; past `max_pending_messages` the engine stops stepping until they drain,
-so a slow reader costs memory up to a bound, never a busy loop.
+steps only looks for frames without waiting. Frames wait in an Outbox when a peer's
+queue is full (the sockets' high-water marks count frames, i.e. steps' worth of output);
+once the waiting frames carry `max_pending_messages` messages the engine stops stepping
+until they drain, so a slow reader costs memory up to a bound, never a busy loop.
 
 Other threads change the engine (e.g. load or unload an adapter) only through
 `call_between_steps`: the serving thread runs the call before its next step."""
@@ -36,7 +40,14 @@ from engine.outbox import Outbox
 from engine.registry import EngineStats
 from engine.request import RequestOutput
 from engine.tracing import RequestTraces
-from engine.wire import decode_client_message, error_message, messages_from_output, request_from_proto, request_id_of
+from engine.wire import (
+    decode_client_message,
+    engine_frame,
+    error_message,
+    messages_from_output,
+    request_from_proto,
+    request_id_of,
+)
 from proto import k25_pb2
 
 log = logging.getLogger(__name__)
@@ -56,7 +67,8 @@ class ServerSettings:
     idle_poll_ms: int = 100  # how long the loop waits for frames when the engine has nothing to do
     send_retry_ms: int = 10  # how long it waits before retrying peers whose queues were full
     max_frames_per_step: int = 256  # frames read between two engine steps
-    max_pending_messages: int = 5000  # unsent messages beyond which the engine pauses
+    # unsent messages (counted inside the waiting EngineBatch frames) beyond which the engine pauses
+    max_pending_messages: int = 5000
     # "name@version" whose requests are failed on purpose (INTERNAL): how tests make a bad canary
     faulty_adapters: frozenset[str] = frozenset()
 
@@ -205,12 +217,17 @@ class EngineServer:
 
     # --- messages out -------------------------------------------------------------------
 
+    def _send(self, identity: bytes, messages: list[k25_pb2.EngineMessage]) -> None:
+        self._outbox.put(identity, engine_frame(messages), len(messages))
+
     def _refuse(self, identity: bytes, request_id: str, error: EngineError) -> None:
         self.metrics.request_errors.labels(code=error.code.value).inc()
-        self._outbox.put(identity, error_message(request_id, error).SerializeToString())
+        self._send(identity, [error_message(request_id, error)])
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        """One frame per peer for these outputs (one step's), every message in output order."""
         now = time.monotonic()
+        by_peer: dict[bytes, list[k25_pb2.EngineMessage]] = {}
         for output in outputs:
             route = self._routes.get(output.request_id)
             if route is None:
@@ -225,8 +242,10 @@ class EngineServer:
                 del self._routes[output.request_id]
                 self._count_finished(output, now - route.admitted_at)
                 self.traces.finished(output)
-            for message in messages_from_output(output):
-                self._outbox.put(route.identity, message.SerializeToString())
+            by_peer.setdefault(route.identity, []).extend(messages_from_output(output))
+        for identity, messages in by_peer.items():
+            if messages:
+                self._send(identity, messages)
 
     def _count_finished(self, output: RequestOutput, duration_s: float) -> None:
         self.metrics.requests_finished.labels(finish_reason=output.finish_reason.value).inc()
@@ -250,9 +269,13 @@ class EngineServer:
     def close(self) -> None:
         """Answer every running request with CANCELLED, send what the peers take, close."""
         shutting_down = EngineError(ErrorCode.CANCELLED, "the engine is shutting down")
+        by_peer: dict[bytes, list[k25_pb2.EngineMessage]] = {}
         for request_id, route in list(self._routes.items()):
             self.engine.abort(request_id)
-            self._refuse(route.identity, request_id, shutting_down)
+            self.metrics.request_errors.labels(code=shutting_down.code.value).inc()
+            by_peer.setdefault(route.identity, []).append(error_message(request_id, shutting_down))
+        for identity, messages in by_peer.items():
+            self._send(identity, messages)
         self._routes.clear()
         self.traces.close()
         self._outbox.flush()

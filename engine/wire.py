@@ -1,8 +1,9 @@
 """Pure conversions between the wire's protobuf messages and the engine's own types.
 
 No I/O here: the server decodes a frame with `decode_client_message`, turns a
-GenerateRequest into an EngineRequest, and every RequestOutput into the EngineMessages
-it sends back (a TokenDelta when there is something new, then one Final or Error)."""
+GenerateRequest into an EngineRequest, every RequestOutput into the EngineMessages it
+sends back (a TokenDelta when there is something new, then one Final or Error), and the
+messages for one peer into one frame with `engine_frame` (an EngineBatch)."""
 
 from google.protobuf.message import DecodeError
 
@@ -70,6 +71,11 @@ def error_message(request_id: str, error: EngineError) -> k25_pb2.EngineMessage:
     return k25_pb2.EngineMessage(
         error=k25_pb2.Error(request_id=request_id, code=k25_pb2.ErrorCode.Value(error.code.name), message=error.message)
     )
+
+
+def engine_frame(messages: list[k25_pb2.EngineMessage]) -> bytes:
+    """One frame to a peer: every message in it, in order, as one EngineBatch."""
+    return k25_pb2.EngineBatch(messages=messages).SerializeToString()
 
 
 def messages_from_output(output: RequestOutput) -> list[k25_pb2.EngineMessage]:

@@ -41,7 +41,8 @@ def register(subparsers) -> None:
     p.add_argument("--release", default="k25", help="prefix of every Redis key (default k25)")
     p.add_argument("--advertise-host", default="127.0.0.1", help="host gateways dial, e.g. the pod IP (default 127.0.0.1)")
     p.add_argument("--engine-id", default=None, help="registry name (default HOSTNAME-ZMQPORT)")
-    p.add_argument("--sndhwm", type=int, default=5000, help="ZMQ send high-water mark per peer (default 5000)")
+    p.add_argument("--sndhwm", type=int, default=5000,
+                   help="ZMQ send high-water mark per peer, in frames (one per engine step; default 5000)")
     p.add_argument("--rcvhwm", type=int, default=5000, help="ZMQ receive high-water mark per peer (default 5000)")
     p.add_argument("--linger-ms", type=int, default=1000, help="how long unsent messages may delay shutdown (default 1000)")
     p.add_argument("--heartbeat-interval-s", type=float, default=1.0, help="registry refresh period (default 1)")

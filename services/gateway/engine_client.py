@@ -1,6 +1,8 @@
 """The gateway's side of the engine wire: one ZMQ DEALER per engine, shared by all requests.
 
-A reader task hands each EngineMessage to the stream of its request_id. The socket's
+A reader task reads the engine's frames, each an EngineBatch (every message of one engine
+step for this gateway's requests), and hands each EngineMessage in it, in order, to the
+stream of its request_id; a frame it cannot read is logged and dropped. The socket's
 monitor tells when the engine's connection drops (the process died, or ZMQ's own
 heartbeat found it hung): every stream still open on it gets ENGINE_GONE, so no request
 waits forever on an engine that is not there. Sends never block: with ZMQ_IMMEDIATE a
@@ -95,18 +97,26 @@ class EngineConnection:
     async def _read(self) -> None:
         while True:
             payload = await self.socket.recv()
-            message = k25_pb2.EngineMessage()
+            batch = k25_pb2.EngineBatch()
             try:
-                message.ParseFromString(payload)
-                request_id = getattr(message, message.WhichOneof("kind")).request_id
+                batch.ParseFromString(payload)
             except Exception:  # a frame we cannot read must not stop the reader
                 log.warning("unreadable frame from engine %s (%d bytes)", self.address, len(payload))
                 continue
-            stream = self.streams.get(request_id)
-            if stream is not None:
-                stream.queue.put_nowait(message)
-            elif message.WhichOneof("kind") == "error" and not request_id:
-                log.warning("engine %s: %s", self.address, message.error.message)
+            for message in batch.messages:
+                self._deliver(message)
+
+    def _deliver(self, message: k25_pb2.EngineMessage) -> None:
+        kind = message.WhichOneof("kind")
+        if kind is None:
+            log.warning("engine %s sent a message with no kind; dropped", self.address)
+            return
+        request_id = getattr(message, kind).request_id
+        stream = self.streams.get(request_id)
+        if stream is not None:
+            stream.queue.put_nowait(message)
+        elif kind == "error" and not request_id:
+            log.warning("engine %s: %s", self.address, message.error.message)
 
     async def _watch(self) -> None:
         while True:

@@ -8,7 +8,14 @@ from engine.base.errors import EngineError, ErrorCode
 from engine.request import RequestOutput, Timings, Usage
 from engine.sampler import SampledToken
 from engine.sequence import FinishReason
-from engine.wire import decode_client_message, error_message, messages_from_output, request_from_proto, request_id_of
+from engine.wire import (
+    decode_client_message,
+    engine_frame,
+    error_message,
+    messages_from_output,
+    request_from_proto,
+    request_id_of,
+)
 from proto import k25_pb2
 
 
@@ -99,6 +106,28 @@ def test_logprobs_carry_over():
 def test_error_message_names_the_request():
     message = error_message("r9", EngineError(ErrorCode.CHUNK_SIZE_MISMATCH, "padded for 64"))
     assert (message.error.request_id, message.error.code, message.error.message) == ("r9", k25_pb2.CHUNK_SIZE_MISMATCH, "padded for 64")
+
+
+def test_a_frame_is_one_engine_batch_that_round_trips_every_message_in_order():
+    token = SampledToken(7, -0.5, ((7, -0.5), (8, -1.5)))
+    messages = [
+        *messages_from_output(RequestOutput("r1", token_ids=[7], text="x", logprobs=[token])),
+        *messages_from_output(RequestOutput("r2", token_ids=[9, 10], text="yz", finish_reason=FinishReason.STOP,
+                                            usage=Usage(4, 2, 0), timings=Timings(0.1, 0.2, 0.3, 1, 0))),
+        error_message("r3", EngineError(ErrorCode.RESOURCE_EXHAUSTED, "KV full")),
+        *messages_from_output(RequestOutput("r1", token_ids=[8])),
+    ]
+    decoded = k25_pb2.EngineBatch.FromString(engine_frame(messages))
+    assert list(decoded.messages) == messages
+    assert kinds(decoded.messages) == ["delta", "delta", "final", "error", "delta"]
+    assert [getattr(m, m.WhichOneof("kind")).request_id for m in decoded.messages] == ["r1", "r2", "r2", "r3", "r1"]
+    assert decoded.messages[0].delta.logprobs[0].top[1].token_id == 8
+
+
+def test_a_batch_of_one_error_is_a_frame_too():
+    error = error_message("", EngineError(ErrorCode.INVALID_ARGUMENT, "not a ClientMessage"))
+    (decoded,) = k25_pb2.EngineBatch.FromString(engine_frame([error])).messages
+    assert decoded == error
 
 
 def test_decoding_round_trips_generate_and_cancel():

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 import uuid
+import weakref
+from collections import deque
 from dataclasses import dataclass
 
 import redis
@@ -64,7 +66,11 @@ def stop_process(process: subprocess.Popen, sig: int, timeout_s: float) -> int:
 
 
 def start_engine(redis_url: str, log_path: str, *flags: str, engine_id: str = "e1", timeout_s: float = 120) -> EngineProcess:
-    """Start `k25 engine` and return once its heartbeat is in Redis (it serves by then)."""
+    """Start `k25 engine` and return once its heartbeat is in Redis (it serves by then).
+    It computes in float32 unless `flags` set --dtype: tests compare its tokens with those of
+    an in-process engine, whose EngineConfig defaults to float32."""
+    if "--dtype" not in flags:
+        flags = ("--dtype", "float32", *flags)
     zmq_port, metrics_port = free_port(), free_port()
     log = open(log_path, "w")  # a file, not a pipe: a pipe nobody reads would block the engine's logging
     process = subprocess.Popen(
@@ -116,10 +122,24 @@ def send(socket: zmq.Socket, message: k25_pb2.ClientMessage) -> None:
     socket.send(message.SerializeToString())
 
 
-def receive(socket: zmq.Socket, timeout_s: float = 60) -> k25_pb2.EngineMessage:
+# messages of a frame that `receive` has read but not yet returned, per socket
+_unread: "weakref.WeakKeyDictionary[zmq.Socket, deque[k25_pb2.EngineMessage]]" = weakref.WeakKeyDictionary()
+
+
+def receive_batch(socket: zmq.Socket, timeout_s: float = 60) -> list[k25_pb2.EngineMessage]:
+    """The messages of the engine's next frame (one EngineBatch), in order."""
+    assert not _unread.get(socket), "receive() left messages of an earlier frame unread on this socket"
     if not socket.poll(int(timeout_s * 1000), zmq.POLLIN):
-        raise TimeoutError(f"no message from the engine within {timeout_s} s")
-    return k25_pb2.EngineMessage.FromString(socket.recv())
+        raise TimeoutError(f"no frame from the engine within {timeout_s} s")
+    return list(k25_pb2.EngineBatch.FromString(socket.recv()).messages)
+
+
+def receive(socket: zmq.Socket, timeout_s: float = 60) -> k25_pb2.EngineMessage:
+    """The engine's next message, whatever frame it came in; the rest of its frame waits for the next call."""
+    unread = _unread.setdefault(socket, deque())
+    while not unread:
+        unread.extend(receive_batch(socket, timeout_s))
+    return unread.popleft()
 
 
 def request_id_of(message: k25_pb2.EngineMessage) -> str:
