@@ -1,5 +1,7 @@
 """`k25 bench engine`: the engine against transformers `generate()` on one serving-like
-workload, in the same run, plus this machine's matmul peak in the engine's dtype as the roofline."""
+workload, in the same run, with two physical limits measured in that run: this machine's
+matmul peak in the engine's dtype (what a compute-bound step could reach) and its memory
+bandwidth (what a decode step at batch 1, which reads every weight once, could reach)."""
 
 import random
 import subprocess
@@ -12,8 +14,11 @@ from tqdm import tqdm
 
 from engine.base.config import EngineConfig
 from engine.engine import LLMEngine
+from engine.kv_cache import kv_bytes_per_token
+from engine.linear import Weight
 from engine.loader import LoadedModel
-from engine.offline import generate
+from engine.model import LlamaModel
+from engine.offline import generate, make_request
 from engine.sampling_params import SamplingParams
 
 
@@ -50,6 +55,51 @@ def matmul_peak_flops(dtype: torch.dtype = torch.float32, size: int = 2048, repe
     return 2 * size**3 / best
 
 
+def memory_bandwidth(nbytes: int = 1 << 29, repeats: int = 5) -> float:
+    """Bytes/s of a plain large copy (read + written), best of `repeats`: the roofline of a
+    step that streams its weights once."""
+    source, target = torch.empty(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8)
+    source.fill_(1)
+    target.copy_(source)  # warm up: pages touched
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        target.copy_(source)
+        best = min(best, time.perf_counter() - start)
+    return 2 * nbytes / best
+
+
+def decode_bytes_read(model: LlamaModel, context: int) -> int:
+    """What one decode step at batch 1 must read: every layer's weights and the head once (one
+    copy each, packed or plain), one row of the embedding, the context's KV."""
+    layer_bytes = 0
+    for layer in model.layers:
+        for tensor in vars(layer).values():
+            if isinstance(tensor, Weight):
+                layer_bytes += (tensor.packed if tensor.packed is not None else tensor.plain).nbytes
+            elif tensor is not None:
+                layer_bytes += tensor.nbytes
+    head = model.lm_head.packed if model.lm_head.packed is not None else model.lm_head.plain
+    return layer_bytes + head.nbytes + model.embed_tokens[0].nbytes + context * kv_bytes_per_token(model.config, model.embed_tokens.dtype)
+
+
+def decode_step_seconds(model: LoadedModel, config: EngineConfig, context: int, steps: int) -> tuple[float, int]:
+    """Median seconds of a decode step of one request with `context` prompt tokens, over
+    `steps` steps after its prefill; and the bytes such a step reads."""
+    engine = LLMEngine(model, config)
+    prompt = [min(1000, model.config.vocab_size // 2) + i % 1000 for i in range(context)]
+    request = make_request(engine, prompt, SamplingParams(max_tokens=steps + 2, ignore_eos=True))
+    engine.add_request(request)
+    while not engine.step():  # prefill, up to the first token
+        pass
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2], decode_bytes_read(engine.model, context + steps // 2)
+
+
 def run_engine(model: LoadedModel, workload: Workload, config: EngineConfig) -> float:
     """Seconds for the engine to finish every request, all submitted at once."""
     engine = LLMEngine(model, config)
@@ -64,8 +114,8 @@ def run_engine(model: LoadedModel, workload: Workload, config: EngineConfig) -> 
     return elapsed
 
 
-def reference_model(model: LoadedModel):
-    """transformers' own Llama with the very same weights."""
+def reference_model(model: LoadedModel, dtype: torch.dtype):
+    """transformers' own Llama with the very same weights, computing in the engine's dtype."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     c = model.config
@@ -75,7 +125,7 @@ def reference_model(model: LoadedModel):
         head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta, rope_scaling=c.rope_scaling,
         max_position_embeddings=c.max_position_embeddings, tie_word_embeddings=c.tie_word_embeddings,
     )
-    reference = LlamaForCausalLM(hf_config).float().eval()
+    reference = LlamaForCausalLM(hf_config).to(dtype).eval()
     loaded = reference.load_state_dict(model.weights, strict=False)
     if loaded.unexpected_keys or set(loaded.missing_keys) - {"lm_head.weight"}:
         raise RuntimeError(f"weights do not match transformers' Llama: {loaded}")
@@ -118,19 +168,28 @@ class EngineBenchResult:
     reference_best_mode: str
     reference_tokens_per_s_by_mode: dict
     ratio: float
+    decode_context_tokens: int
+    decode_step_seconds: float  # batch 1, median
+    decode_bytes_read: int  # weights + KV one such step reads
+    memory_bandwidth_bytes_per_s: float
+    decode_step_over_bandwidth_limit: float  # measured step / (bytes read / bandwidth); 1.0 is the physical limit
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def bench_engine(model: LoadedModel, workload: Workload, config: EngineConfig, reference_batch_sizes: list[int], progress=print) -> EngineBenchResult:
+def bench_engine(model: LoadedModel, workload: Workload, config: EngineConfig, reference_batch_sizes: list[int],
+                 progress=print, decode_context: int = 512) -> EngineBenchResult:
     params = model.config.num_parameters()
-    progress(f"measuring the {config.dtype} matmul peak")
+    progress(f"measuring the {config.dtype} matmul peak and the memory bandwidth")
     peak = matmul_peak_flops(getattr(torch, config.dtype))
+    bandwidth = memory_bandwidth()
+    progress(f"decode steps at batch 1, {decode_context} tokens of context")
+    step_s, step_bytes = decode_step_seconds(model, config, decode_context, steps=32)
     progress(f"engine: {len(workload.prompts)} requests, {workload.prompt_tokens} prompt + {workload.generated_tokens} generated tokens")
     engine_s = run_engine(model, workload, config)
     by_mode = {}
-    reference = reference_model(model)
+    reference = reference_model(model, getattr(torch, config.dtype))
     for batch_size in reference_batch_sizes:
         mode = "one-at-a-time" if batch_size == 1 else f"static-batch-{batch_size}"
         progress(f"transformers generate(): {mode}")
@@ -153,6 +212,11 @@ def bench_engine(model: LoadedModel, workload: Workload, config: EngineConfig, r
         reference_best_mode=best_mode,
         reference_tokens_per_s_by_mode=by_mode,
         ratio=engine_tps / by_mode[best_mode],
+        decode_context_tokens=decode_context,
+        decode_step_seconds=step_s,
+        decode_bytes_read=step_bytes,
+        memory_bandwidth_bytes_per_s=bandwidth,
+        decode_step_over_bandwidth_limit=step_s / (step_bytes / bandwidth),
     )
 
 

@@ -17,6 +17,7 @@ import torch
 
 from engine.base.errors import EngineConfigError
 from engine.base.model_config import ModelConfig
+from engine.linear import Weight
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CPU_CANDIDATES = ("float32", "bfloat16")
@@ -56,21 +57,22 @@ def choose_dtype(requested: str, device: str, measure: Callable[[str], float]) -
 
 
 def matmul_seconds(config: ModelConfig, batch_sizes: tuple[int, ...], repeats: int = 5) -> Callable[[str], float]:
-    """A `measure` for choose_dtype: the model's gate/up matmul at each batch size, the best of
-    `repeats` runs each after one warm-up, summed over the batch sizes."""
+    """A `measure` for choose_dtype: the model's gate/up matmul at each batch size, through the
+    engine's own projection (engine.linear), the best of `repeats` runs each after one warm-up,
+    summed over the batch sizes."""
 
     def measure(name: str) -> float:
         dtype = DTYPES[name]
         generator = torch.Generator().manual_seed(0)
-        weight = torch.randn(2 * config.intermediate_size, config.hidden_size, generator=generator).to(dtype)
+        weight = Weight(torch.randn(2 * config.intermediate_size, config.hidden_size, generator=generator).to(dtype))
         total = 0.0
         for batch in batch_sizes:
             x = torch.randn(batch, config.hidden_size, generator=generator).to(dtype)
-            x @ weight.T
+            weight(x)
             best = float("inf")
             for _ in range(repeats):
                 started = time.perf_counter()
-                x @ weight.T
+                weight(x)
                 best = min(best, time.perf_counter() - started)
             total += best
         return total

@@ -11,6 +11,7 @@ from engine.admission import check_room, validate
 from engine.base.config import EngineConfig
 from engine.base.errors import EngineConfigError, EngineError, ErrorCode
 from engine.block_manager import BlockManager
+from engine.block_tables import BlockTables
 from engine.forward_batch import build_forward_batch
 from engine.kv_cache import KVCache
 from engine.loader import LoadedModel
@@ -61,6 +62,7 @@ class LLMEngine:
         self.max_model_len = min(self.capacity_tokens, model.config.max_position_embeddings)
         self.block_manager = BlockManager(self.capacity_tokens // config.block_size, config.block_size)
         self.kv = KVCache(model.config, self.capacity_tokens, self.device, dtype)
+        self.block_tables = BlockTables(config.max_num_seqs, -(-self.max_model_len // config.block_size))
         self.scheduler = Scheduler(self.block_manager, config.max_num_batched_tokens, config.max_num_seqs, config.max_loras)
         self.adapters = AdapterManager(
             lora_slots, model.config, config.adapter_root, config.max_cpu_loras, self.scheduler.running_adapter_ids
@@ -109,7 +111,7 @@ class LLMEngine:
             adapter=adapter,
         )
         self._sequences[seq.request_id] = seq
-        self._generators[seq.request_id] = make_generator(request.sampling.seed)
+        self._generators[seq.request_id] = make_generator(request.sampling.seed, self.device)
         self.output_processor.add(seq.request_id)
         self.scheduler.add(seq)
 
@@ -164,7 +166,9 @@ class LLMEngine:
         for seq, _ in batch.items:
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = now
-        forward = build_forward_batch(batch.items, self.config.block_size, self.device)
+        for seq in batch.preempted:
+            self.block_tables.remove(seq.request_id)
+        forward = build_forward_batch(batch.items, self.block_tables, self.config.block_size, self.device)
         try:
             with torch.inference_mode():
                 logits = self.model.forward(forward, self.kv)
@@ -208,6 +212,7 @@ class LLMEngine:
 
     def _release(self, seq: Sequence, reason: FinishReason) -> None:
         self.scheduler.finish(seq)
+        self.block_tables.remove(seq.request_id)
         seq.finish_reason = reason
         del self._sequences[seq.request_id]
         del self._generators[seq.request_id]

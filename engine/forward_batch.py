@@ -1,94 +1,55 @@
 """Turns a scheduled batch into the flat tensors one forward pass needs.
 
-Tokens of all sequences are laid out back to back. Single-token queries (decodes) are
-attended in padded groups of similar context length; multi-token prefill slices one by one."""
+Tokens of all sequences are laid out back to back: sequence s owns query rows
+query_start[s]:query_start[s + 1], at positions seq_lens[s] - n_s .. seq_lens[s] - 1. Index
+building is numpy over the whole batch (no Python call per token), and the block tables
+come from rows kept across steps (engine.block_tables), so host work per step grows with
+the number of sequences and of new tokens, not with context length.
+
+Beside the varlen layout that the CUDA kernel reads, the torch attention path gets its plan:
+single-token queries (decodes) in groups of similar context length, prefill slices one by one."""
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from engine.lora.batch import LoRABatch, build_lora_batch
+from engine.block_tables import BlockTables
+from engine.lora.batch import BASE_SLOT, LoRABatch, build_lora_batch
 from engine.sequence import Sequence
 
 
 @dataclass
-class PrefillSegment:
-    start: int  # first row in the flat token layout
-    length: int  # query tokens in this prefill slice
-    context_slots: torch.Tensor | None  # KV slots of positions [0, end); None when the slice is the whole context
-    mask: torch.Tensor | None  # [length, end] True where query i may see key j; None: plain causal
+class PrefillSlice:
+    start: int  # first query row
+    length: int  # query tokens in this slice
+    seq_len: int  # context after this step: positions [seq_len - length, seq_len) are the slice's
+    blocks: torch.Tensor  # [blocks covering seq_len] block ids
 
 
 @dataclass
 class DecodeGroup:
-    """Single-token queries of similar context length, attended together in one padded batch."""
+    """Single-token queries of similar context length, attended together."""
 
-    rows: torch.Tensor  # [B] rows of the flat token layout
-    context_slots: torch.Tensor  # [B, L] KV rows each query attends to (padded with its last slot)
-    mask: torch.Tensor  # [B, 1, 1, L] True where a key is real
+    rows: torch.Tensor  # [B] query rows
+    blocks: torch.Tensor  # [B, nb] block ids, nb covering the longest context (short rows padded with block 0)
+    seq_lens: torch.Tensor  # [B] context length of each
 
 
 @dataclass
 class ForwardBatch:
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
-    slot_mapping: torch.Tensor  # [T] KV row each new token is written to
+    slot_mapping: torch.Tensor  # [T] KV slot each new token is written to
+    query_start: torch.Tensor  # [S + 1] int32
+    seq_lens: torch.Tensor  # [S] int32
+    block_tables: torch.Tensor  # [S, max blocks of the batch] int32
     decode_groups: list[DecodeGroup]
-    prefills: list[PrefillSegment]
-    logits_rows: torch.Tensor  # [S] rows whose output is sampled, in `sampled` order
+    prefills: list[PrefillSlice]
+    logits_rows: torch.Tensor  # [R] rows whose output is sampled, in `sampled` order
     sampled: list[Sequence]  # sequences that get a new token from this step
+    block_size: int  # tokens per KV block
     lora: LoRABatch | None = None  # each token's adapter slot; None when every token is for the base model
-
-
-def _slots(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
-    return block_table[positions // block_size] * block_size + positions % block_size
-
-
-def build_forward_batch(items: list[tuple[Sequence, int]], block_size: int, device) -> ForwardBatch:
-    input_ids, positions, slot_mapping = [], [], []
-    decode_rows, decode_tables, decode_lengths = [], [], []
-    prefills, logits_rows, sampled = [], [], []
-    token_slots = []
-    row = 0
-    for seq, n in items:
-        start_pos, end_pos = seq.num_computed_tokens, seq.num_computed_tokens + n
-        table = torch.tensor(seq.block_table, dtype=torch.long)
-        seq_positions = torch.arange(start_pos, end_pos)
-        input_ids.extend(seq.token_at(p) for p in range(start_pos, end_pos))
-        token_slots.extend([seq.lora_slot] * n)
-        positions.append(seq_positions)
-        slot_mapping.append(_slots(table, seq_positions, block_size))
-        if n == 1:
-            decode_rows.append(row)
-            decode_tables.append(table)
-            decode_lengths.append(end_pos)
-        else:
-            if start_pos == 0:
-                prefills.append(PrefillSegment(start=row, length=n, context_slots=None, mask=None))
-            else:
-                context = _slots(table, torch.arange(end_pos), block_size).to(device)
-                mask = torch.arange(end_pos)[None, :] <= seq_positions[:, None]
-                prefills.append(PrefillSegment(start=row, length=n, context_slots=context, mask=mask.to(device)))
-        if end_pos == seq.num_tokens:
-            logits_rows.append(row + n - 1)
-            sampled.append(seq)
-        row += n
-
-    decode_groups = [
-        _decode_group(group, block_size, device)
-        for group in _similar_lengths(list(zip(decode_rows, decode_tables, decode_lengths)))
-    ]
-
-    return ForwardBatch(
-        input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
-        positions=torch.cat(positions).to(device),
-        slot_mapping=torch.cat(slot_mapping).to(device),
-        decode_groups=decode_groups,
-        prefills=prefills,
-        logits_rows=torch.tensor(logits_rows, dtype=torch.long, device=device),
-        sampled=sampled,
-        lora=build_lora_batch(token_slots, device),
-    )
 
 
 # A decode group's shortest context is at least this fraction of its longest: padding every
@@ -97,24 +58,67 @@ def build_forward_batch(items: list[tuple[Sequence, int]], block_size: int, devi
 GROUP_LENGTH_RATIO = 0.75
 
 
-def _similar_lengths(decodes: list[tuple[int, torch.Tensor, int]]) -> list[list[tuple[int, torch.Tensor, int]]]:
-    groups: list[list[tuple[int, torch.Tensor, int]]] = []
-    for entry in sorted(decodes, key=lambda d: d[2], reverse=True):
-        if groups and entry[2] >= GROUP_LENGTH_RATIO * groups[-1][0][2]:
-            groups[-1].append(entry)
-        else:
-            groups.append([entry])
-    return groups
+def build_forward_batch(items: list[tuple[Sequence, int]], tables: BlockTables, block_size: int, device) -> ForwardBatch:
+    input_ids: list[int] = []
+    rows, starts, counts, lora_slots = [], [], [], []
+    logits_rows, sampled = [], []
+    for seq, n in items:
+        start = seq.num_computed_tokens
+        input_ids += seq.tokens(start, start + n)
+        rows.append(tables.row_of(seq.request_id, seq.block_table))
+        starts.append(start)
+        counts.append(n)
+        lora_slots.append(seq.lora_slot)
+        if start + n == seq.num_tokens:
+            logits_rows.append(len(input_ids) - 1)
+            sampled.append(seq)
+    counts_np, starts_np = np.array(counts), np.array(starts)
+    query_start = np.zeros(len(items) + 1, dtype=np.int32)
+    np.cumsum(counts_np, out=query_start[1:])
+    seq_lens = starts_np + counts_np
+    positions = np.arange(query_start[-1]) - np.repeat(query_start[:-1] - starts_np, counts_np)
+    token_rows = np.repeat(rows, counts_np)
+    slot_mapping = tables.table[token_rows, positions // block_size].astype(np.int64) * block_size + positions % block_size
+    max_blocks = int(-(-seq_lens.max() // block_size))
+    block_tables = tables.table[rows, :max_blocks]
 
+    def tensor(array, dtype=None) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(device=device, dtype=dtype, non_blocking=True)
 
-def _decode_group(group: list[tuple[int, torch.Tensor, int]], block_size: int, device) -> DecodeGroup:
-    rows = [row for row, _, _ in group]
-    lengths = torch.tensor([length for _, _, length in group])
-    key_positions = torch.arange(int(lengths.max()))
-    slots = torch.stack([_slots(table, key_positions.clamp(max=length - 1), block_size) for _, table, length in group])
-    mask = key_positions[None, :] < lengths[:, None]
-    return DecodeGroup(
-        rows=torch.tensor(rows, dtype=torch.long, device=device),
-        context_slots=slots.to(device),
-        mask=mask[:, None, None, :].to(device),
+    decode = counts_np == 1
+    prefills = [
+        PrefillSlice(int(query_start[i]), counts[i], int(seq_lens[i]), tensor(block_tables[i, : -(-seq_lens[i] // block_size)], torch.long))
+        for i in np.flatnonzero(~decode)
+    ]
+    decode_groups = [
+        DecodeGroup(tensor(query_start[g], torch.long), tensor(block_tables[g, : -(-seq_lens[g].max() // block_size)], torch.long),
+                    tensor(seq_lens[g]))
+        for g in _similar_lengths(np.flatnonzero(decode), seq_lens)
+    ]
+    token_slots = np.repeat(lora_slots, counts_np)
+    return ForwardBatch(
+        input_ids=torch.tensor(input_ids, dtype=torch.long).to(device, non_blocking=True),
+        positions=tensor(positions, torch.long),
+        slot_mapping=tensor(slot_mapping),
+        query_start=tensor(query_start),
+        seq_lens=tensor(seq_lens, torch.int32),
+        block_tables=tensor(block_tables),
+        decode_groups=decode_groups,
+        prefills=prefills,
+        logits_rows=torch.tensor(logits_rows, dtype=torch.long).to(device, non_blocking=True),
+        sampled=sampled,
+        block_size=block_size,
+        lora=build_lora_batch(token_slots.tolist(), device) if (token_slots != BASE_SLOT).any() else None,
     )
+
+
+def _similar_lengths(indices: np.ndarray, seq_lens: np.ndarray) -> list[np.ndarray]:
+    """`indices` cut into groups, longest context first, each group's shortest at least
+    GROUP_LENGTH_RATIO of its longest."""
+    ordered = indices[np.argsort(-seq_lens[indices], kind="stable")]
+    groups, first = [], 0
+    for i in range(1, len(ordered) + 1):
+        if i == len(ordered) or seq_lens[ordered[i]] < GROUP_LENGTH_RATIO * seq_lens[ordered[first]]:
+            groups.append(ordered[first:i])
+            first = i
+    return groups

@@ -8,35 +8,42 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.attention import paged_attention
+from engine.attention import GatherBuffers, paged_attention
 from engine.base.model_config import ModelConfig
 from engine.forward_batch import ForwardBatch
 from engine.kv_cache import KVCache
+from engine.linear import Weight
 from engine.lora.slots import LoRASlots
 from engine.rope import RotaryEmbedding, apply_rotary
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Normalised in fp32 whatever the activation dtype, then scaled (as Hugging Face's LlamaRMSNorm)."""
-    return weight * F.rms_norm(x.float(), x.shape[-1:], eps=eps).to(x.dtype)
+    """x (the fp32 residual stream) normalised in fp32, then cast to the weights' dtype and
+    scaled (as Hugging Face's LlamaRMSNorm)."""
+    return weight * F.rms_norm(x, x.shape[-1:], eps=eps).to(weight.dtype)
 
 
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor
-    qkv: torch.Tensor  # q, k and v projections stacked: one matmul
+    qkv: Weight  # q, k and v projections stacked: one matmul
     qkv_bias: torch.Tensor | None  # Qwen2 has attention biases, Llama does not
-    o: torch.Tensor
+    o: Weight
     o_bias: torch.Tensor | None
     post_attention_norm: torch.Tensor
-    gate_up: torch.Tensor  # gate and up projections stacked
-    down: torch.Tensor
+    gate_up: Weight  # gate and up projections stacked
+    down: Weight
+
+
+# logits recomputed in fp32 per row when the head runs in 16 bits (see LlamaModel.logits)
+REFINED_LOGITS = 8
 
 
 class LlamaModel:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], device, dtype: torch.dtype, lora: LoRASlots | None = None):
         self.config = config
         self.lora = lora  # adapters' deltas, added to the projections of tokens that use one
+        self.gather_buffers = GatherBuffers()  # the torch attention path's scratch, reused by every layer
 
         def w(name: str) -> torch.Tensor:
             return weights[name].to(device=device, dtype=dtype)
@@ -48,35 +55,38 @@ class LlamaModel:
             self.layers.append(
                 LayerWeights(
                     input_norm=w(p + "input_layernorm.weight"),
-                    qkv=torch.cat([w(p + f"self_attn.{n}_proj.weight") for n in "qkv"]).contiguous(),
+                    qkv=Weight(torch.cat([w(p + f"self_attn.{n}_proj.weight") for n in "qkv"])),
                     qkv_bias=(
                         torch.cat([w(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
                         if p + "self_attn.q_proj.bias" in weights
                         else None
                     ),
-                    o=w(p + "self_attn.o_proj.weight"),
+                    o=Weight(w(p + "self_attn.o_proj.weight")),
                     o_bias=w(p + "self_attn.o_proj.bias") if p + "self_attn.o_proj.bias" in weights else None,
                     post_attention_norm=w(p + "post_attention_layernorm.weight"),
-                    gate_up=torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]).contiguous(),
-                    down=w(p + "mlp.down_proj.weight"),
+                    gate_up=Weight(torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")])),
+                    down=Weight(w(p + "mlp.down_proj.weight")),
                 )
             )
-        self.norm = w("model.norm.weight")
-        self.lm_head = self.embed_tokens if config.tie_word_embeddings else w("lm_head.weight")
+        self.norm = w("model.norm.weight").float()  # the head's input stays fp32 (see logits)
+        # the head keeps its plain rows beside a packed copy: logits() reads the best ones again
+        self.lm_head = Weight(w("model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"), keep_plain=True)
         self.rope = RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling, device, dtype
         )
-        self.weight_bytes = sum(
-            t.numel() * t.element_size()
-            for t in [self.embed_tokens, self.norm, *([] if config.tie_word_embeddings else [self.lm_head])]
-        ) + sum(t.numel() * t.element_size() for layer in self.layers for t in vars(layer).values() if t is not None)
+        tensors = [self.embed_tokens, self.norm] + [t for layer in self.layers for t in vars(layer).values()] + [self.lm_head]
+        self.weight_bytes = sum(t.nbytes if isinstance(t, Weight) else t.numel() * t.element_size() for t in tensors if t is not None)
+        if self.lm_head.plain is self.embed_tokens:  # tied: its plain rows are the embedding, counted once
+            self.weight_bytes -= self.embed_tokens.numel() * self.embed_tokens.element_size()
 
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Logits [len(batch.logits_rows), vocab] for the rows that are sampled."""
         c = self.config
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         cos, sin = self.rope.tables(batch.positions)
-        x = self.embed_tokens[batch.input_ids]
+        # the residual stream stays in fp32 whatever the weights' dtype: summing 2 x layers
+        # updates into bf16 (8 mantissa bits) is what costs bf16 most of its accuracy
+        x = self.embed_tokens[batch.input_ids].float()
         for index, layer in enumerate(self.layers):
             h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
             qkv = self._project(batch, index, "qkv", h, layer.qkv, layer.qkv_bias)
@@ -84,16 +94,29 @@ class LlamaModel:
             qk = apply_rotary(qk.reshape(-1, c.num_heads + c.num_kv_heads, c.head_dim), cos, sin)
             q, k = qk.split([c.num_heads, c.num_kv_heads], dim=1)
             v = v.reshape(-1, c.num_kv_heads, c.head_dim)
-            attended = paged_attention(q, k, v, kv.k[index], kv.v[index], batch)
-            x = x + self._project(batch, index, "o", attended.view(-1, q_size), layer.o, layer.o_bias)
+            attended = paged_attention(q, k, v, kv.k[index], kv.v[index], batch, self.gather_buffers)
+            x += self._project(batch, index, "o", attended.view(-1, q_size), layer.o, layer.o_bias)
             h = rms_norm(x, layer.post_attention_norm, c.rms_norm_eps)
             gate, up = self._project(batch, index, "gate_up", h, layer.gate_up).chunk(2, dim=-1)
-            x = x + self._project(batch, index, "down", F.silu(gate) * up, layer.down)
-        last = rms_norm(x[batch.logits_rows], self.norm, c.rms_norm_eps)
-        return F.linear(last, self.lm_head).float()
+            x += self._project(batch, index, "down", F.silu(gate) * up, layer.down)
+        return self.logits(rms_norm(x[batch.logits_rows], self.norm, c.rms_norm_eps))
 
-    def _project(self, batch: ForwardBatch, layer: int, name: str, x: torch.Tensor, weight, bias=None) -> torch.Tensor:
-        out = F.linear(x, weight, bias)
+    def logits(self, last: torch.Tensor) -> torch.Tensor:
+        """fp32 logits of the final hidden states `last` (fp32). In a 16-bit dtype the head runs
+        in that dtype, then the best REFINED_LOGITS logits of each row are computed again in fp32:
+        16-bit logits step by 0.125 between 16 and 32, so near-ties between the best tokens would
+        be decided by rounding (SmolLM2 in bf16 picks another token than fp32 at 3% of positions,
+        at 2% with this), while the full fp32 head would cost a second copy of it and its
+        bandwidth at every step."""
+        if self.embed_tokens.dtype == torch.float32:
+            return self.lm_head(last)
+        logits = self.lm_head(last.to(self.embed_tokens.dtype)).float()
+        best = logits.topk(min(REFINED_LOGITS, logits.shape[-1]), dim=-1).indices  # [S, k]
+        exact = (self.lm_head.plain[best].float() @ last.unsqueeze(-1)).squeeze(-1)
+        return logits.scatter_(1, best, exact)
+
+    def _project(self, batch: ForwardBatch, layer: int, name: str, x: torch.Tensor, weight: Weight, bias=None) -> torch.Tensor:
+        out = weight(x, bias)
         if batch.lora is not None:
             self.lora.add_delta(layer, name, x, out, batch.lora)
         return out

@@ -66,6 +66,9 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
-    def token_at(self, position: int) -> int:
+    def tokens(self, start: int, end: int) -> list[int]:
+        """Token ids at positions [start, end): prompt, then output (a recomputed sequence spans both)."""
         prompt_len = len(self.prompt_token_ids)
-        return self.prompt_token_ids[position] if position < prompt_len else self.output_token_ids[position - prompt_len]
+        if end <= prompt_len:
+            return self.prompt_token_ids[start:end]
+        return self.prompt_token_ids[start:] + self.output_token_ids[max(0, start - prompt_len) : end - prompt_len]

@@ -22,6 +22,8 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reference-batch-sizes", type=int, nargs="+", default=[1, 8, 32], help="transformers batch sizes to try; the best counts")
     p.add_argument("--chunk-size", type=int, default=256)
+    p.add_argument("--decode-context", type=int, default=512,
+                   help="context tokens of the batch-1 decode steps measured against the memory bandwidth (default 512)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     add_engine_settings(p)
     p.set_defaults(handler=run_engine_bench)
@@ -81,7 +83,8 @@ def run_engine_bench(args: argparse.Namespace) -> int:
 
     model, config = load_for_engine(args, chunk_size=args.chunk_size)
     workload = make_workload(model.config.vocab_size, args.requests, tuple(args.prompt_tokens), tuple(args.max_tokens), args.seed)
-    result = bench_engine(model, workload, config, args.reference_batch_sizes, progress=lambda m: print(m, file=sys.stderr))
+    result = bench_engine(model, workload, config, args.reference_batch_sizes, progress=lambda m: print(m, file=sys.stderr),
+                          decode_context=args.decode_context)
     if args.json:
         print(json.dumps(result.as_dict()))
         return 0
@@ -93,6 +96,11 @@ def run_engine_bench(args: argparse.Namespace) -> int:
     print(
         f"roofline       {result.roofline_fraction:8.2f}  (engine {result.engine_flops_per_s / 1e9:.1f} GFLOP/s "
         f"of a {result.matmul_peak_flops_per_s / 1e9:.1f} GFLOP/s {result.dtype} matmul peak)"
+    )
+    print(
+        f"decode, batch 1 {result.decode_step_seconds * 1e3:7.2f} ms a step at {result.decode_context_tokens} tokens of context: "
+        f"{result.decode_step_over_bandwidth_limit:.2f}x the bandwidth limit ({result.decode_bytes_read / 1e6:.0f} MB read "
+        f"at {result.memory_bandwidth_bytes_per_s / 1e9:.1f} GB/s)"
     )
     return 0
 

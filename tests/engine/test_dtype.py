@@ -8,10 +8,13 @@ import torch
 
 from engine.base.errors import EngineConfigError
 from engine.dtype_choice import choose_dtype, faster_dtype, matmul_seconds
-from engine.forward_batch import ForwardBatch, PrefillSegment
+from engine.block_tables import BlockTables
+from engine.forward_batch import build_forward_batch
 from engine.kv_cache import KVCache
 from engine.loader import TINY_CONFIG, load_model, model_config
 from engine.model import LlamaModel
+from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
 from tests.fixtures.parity_prompts import parity_prompt_ids
 
 # each parity prompt is cut to this many tokens: bf16 matmuls are emulated on CPUs without
@@ -71,18 +74,34 @@ def test_the_config_is_read_without_the_weights(smollm2_gguf, smollm2):
     assert model_config("tiny-random") == TINY_CONFIG
 
 
+BLOCK_SIZE = 16
+# the steps a teacher-forced sequence is fed in: a first prefill slice, a later slice over
+# cached context, then one token at a time, so that every attention path is measured
+SLICES = (64, 40)
+
+
 def teacher_forced_logprobs(model: LlamaModel, tokens: list[int], dtype) -> torch.Tensor:
-    """Log-softmax of the next token at every position, one prefill of the whole sequence
-    through the engine's own forward pass and paged KV cache."""
+    """Log-softmax of the next token at every position, through the engine's own forward pass
+    and paged KV cache: the sequence is fed as SLICES, then decoded one known token at a time."""
     n = len(tokens)
-    kv = KVCache(model.config, n, "cpu", dtype)
-    rows = torch.arange(n)
-    batch = ForwardBatch(
-        input_ids=torch.tensor(tokens), positions=rows, slot_mapping=rows, decode_groups=[],
-        prefills=[PrefillSegment(start=0, length=n, context_slots=None, mask=None)], logits_rows=rows, sampled=[],
-    )
+    blocks = -(-n // BLOCK_SIZE)
+    kv = KVCache(model.config, blocks * BLOCK_SIZE, "cpu", dtype)
+    seq = Sequence("teacher-forced", tokens, SamplingParams(max_tokens=1), block_table=list(range(blocks))[::-1])
+    tables = BlockTables(1, blocks)
+    steps, fed = [], 0
+    for size in SLICES:
+        if fed + size < n:
+            steps.append(size)
+            fed += size
+    steps += [1] * (n - fed)
+    out = []
     with torch.inference_mode():
-        return model.forward(batch, kv).log_softmax(-1)
+        for size in steps:
+            batch = build_forward_batch([(seq, size)], tables, BLOCK_SIZE, "cpu")
+            batch.logits_rows = torch.arange(size)  # every position, not only the last
+            out.append(model.forward(batch, kv).log_softmax(-1))
+            seq.num_computed_tokens += size
+    return torch.cat(out)
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import torch
 from engine.base.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.offline import generate, stream
-from engine.sampler import _filtered_probabilities
+from engine.sampler import _draw, filtered_probabilities, make_generator
 from engine.sampling_params import SamplingParams
 from engine.sequence import FinishReason
 
@@ -39,15 +39,43 @@ def test_top_k_one_and_tiny_top_p_are_greedy(engine):
     assert top_k[0].token_ids == greedy and top_p[0].token_ids == greedy
 
 
+def _filtered(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """filtered_probabilities for one row, put back in vocabulary order."""
+    probs, order = filtered_probabilities(logits.unsqueeze(0), [params])
+    return torch.zeros_like(probs).scatter(1, order, probs)[0]
+
+
 def test_filters_keep_exactly_the_allowed_tokens():
     logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
-    top_p = _filtered_probabilities(logits, SamplingParams(temperature=1.0, top_p=0.6))
+    top_p = _filtered(logits, SamplingParams(temperature=1.0, top_p=0.6))
     assert torch.allclose(top_p, torch.tensor([0.625, 0.375, 0.0, 0.0]))
-    top_k = _filtered_probabilities(logits, SamplingParams(temperature=1.0, top_k=3))
+    top_k = _filtered(logits, SamplingParams(temperature=1.0, top_k=3))
     assert torch.allclose(top_k, torch.tensor([0.5, 0.3, 0.15, 0.0]) / 0.95)
-    hot = _filtered_probabilities(logits, SamplingParams(temperature=2.0))
+    hot = _filtered(logits, SamplingParams(temperature=2.0))
     expected = torch.tensor([0.5, 0.3, 0.15, 0.05]).sqrt()
     assert torch.allclose(hot, expected / expected.sum())
+
+
+def test_each_row_of_a_batch_is_filtered_by_its_own_params():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25]]))
+    params = [SamplingParams(temperature=1.0, top_p=0.6), SamplingParams(temperature=2.0, top_k=2), SamplingParams(temperature=0.5)]
+    probs, order = filtered_probabilities(logits, params)
+    in_vocab_order = torch.zeros_like(probs).scatter(1, order, probs)
+    for row, p in enumerate(params):
+        assert torch.allclose(in_vocab_order[row], _filtered(logits[row], p))
+
+
+def test_the_draw_follows_the_probabilities():
+    """20,000 seeded draws (deterministic, so never flaky) land on each token within five
+    standard deviations of its probability, and never on a token of probability 0."""
+    probs = torch.tensor([0.5, 0.3, 0.2, 0.0])
+    draws = 20_000
+    generators = [make_generator(7)] * draws
+    picked = _draw(probs.expand(draws, 4).contiguous(), generators)
+    counts = torch.bincount(picked, minlength=4).float()
+    sigma = (draws * probs * (1 - probs)).sqrt()
+    assert counts[3] == 0
+    assert ((counts - draws * probs).abs() <= 5 * sigma + 1).all(), counts
 
 
 def test_stop_string_ends_the_text_before_it_and_never_streams_it(engine, tiny_model):

@@ -82,8 +82,12 @@ def start_gateway(redis_url: str, log_path: str, *flags: str, model: str = "tiny
 
 def start_stack(log_path: str, *flags: str, env: dict | None = None, timeout_s: float = 240) -> ServiceProcess:
     """Start `k25 up` (its own Redis unless --redis-url is among the flags) and return once
-    its gateway is ready; `env` is added to the environment of every process of the stack."""
+    its gateway is ready; `env` is added to the environment of every process of the stack.
+    Its engines compute in float32 unless `flags` set their --dtype: tests compare what they
+    serve with in-process engines, whose EngineConfig defaults to float32."""
     port = free_port()
+    if not any(flag.startswith("--engine-flag=--dtype") for flag in flags):
+        flags = ("--engine-flag=--dtype=float32", *flags)
     argv = [*K25, "up", "--port", str(port), *flags]
     return _wait_ready(_spawn(argv, port, log_path, env), timeout_s)
 

@@ -1,0 +1,85 @@
+"""The engine's torch attention path (CPU) and the batch layout it reads, against the plain
+paged-attention reference evaluated in float64 on the same inputs: one mixed batch of
+decodes of different context lengths, a first prefill slice and a later slice over cached
+context, with block tables out of order."""
+
+import pytest
+import torch
+
+from engine.attention import GatherBuffers, paged_attention
+from engine.block_tables import BlockTables
+from engine.forward_batch import build_forward_batch
+from engine.paged_attention_reference import paged_attention_reference
+from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
+
+BLOCK = 16
+KV_HEADS, GROUP, HEAD_DIM = 3, 3, 64
+NUM_BLOCKS = 40
+
+
+def make_batch(generator: torch.Generator):
+    """(items, the shuffled block ids they own): (cached tokens, tokens this step) per sequence."""
+    shapes = [(37, 1), (0, 20), (33, 15), (100, 1), (70, 1), (0, 1)]
+    free = torch.randperm(NUM_BLOCKS, generator=generator).tolist()
+    items = []
+    for i, (cached, new) in enumerate(shapes):
+        total = cached + new
+        seq = Sequence(f"s{i}", list(range(1000, 1000 + total)), SamplingParams(max_tokens=4))
+        seq.block_table = [free.pop() for _ in range(-(-total // BLOCK))]
+        seq.num_computed_tokens = cached
+        items.append((seq, new))
+    return items
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_torch_path_equals_the_reference_on_a_mixed_batch(dtype):
+    generator = torch.Generator().manual_seed(0)
+    items = make_batch(generator)
+    tables = BlockTables(len(items), NUM_BLOCKS)
+    batch = build_forward_batch(items, tables, BLOCK, "cpu")
+    tokens = sum(n for _, n in items)
+    assert batch.query_start.tolist()[-1] == tokens and batch.seq_lens.tolist() == [c + n for c, n in
+                                                                                    [(s.num_computed_tokens, n) for s, n in items]]
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator).to(dtype)
+
+    k_cache, v_cache = randn(KV_HEADS, NUM_BLOCKS * BLOCK, HEAD_DIM), randn(KV_HEADS, NUM_BLOCKS * BLOCK, HEAD_DIM)
+    q, k, v = randn(tokens, KV_HEADS * GROUP, HEAD_DIM), randn(tokens, KV_HEADS, HEAD_DIM), randn(tokens, KV_HEADS, HEAD_DIM)
+    scale = HEAD_DIM**-0.5
+    ours = paged_attention(q, k, v, k_cache, v_cache, batch, GatherBuffers())  # writes k and v into the caches first
+
+    # the new tokens landed where the block tables say
+    for row, slot in enumerate(batch.slot_mapping.tolist()):
+        assert torch.equal(k_cache[:, slot], k[row]) and torch.equal(v_cache[:, slot], v[row])
+    exact = paged_attention_reference(
+        q.double(), k_cache.transpose(0, 1).double(), v_cache.transpose(0, 1).double(),
+        batch.block_tables, batch.query_start, batch.seq_lens, BLOCK, scale,
+    )
+    # Error bound per output element, from the dtype's unit roundoff u. float32: the scores
+    # and the p.v sums each carry at most ~(terms) * u relative error (terms = head_dim, then
+    # the context), so (head_dim + context) * u * max|v|. bfloat16 computes q.k and p.v in
+    # bf16 with float32 accumulation but rounds the scores and the probabilities to bf16: a
+    # score s off by |s| * u moves its weight by that much relatively, and each probability
+    # off by u moves the output by at most u * max|v|; two such roundings plus the output's.
+    u = torch.finfo(dtype).eps / 2
+    max_v = float(torch.cat([v_cache.abs().max().reshape(1), v.abs().max().reshape(1)]).max())
+    max_score = float((q.double() @ k_cache.double().flatten(0, 1).T).abs().max()) * scale
+    if dtype == torch.float32:
+        bound = (HEAD_DIM + int(batch.seq_lens.max())) * u * max_v
+    else:
+        bound = (2 * max_score + 3) * u * max_v
+    error = (ours.double() - exact).abs().max().item()
+    assert error <= bound, (error, bound)
+
+
+def test_rows_are_reused_and_only_new_blocks_are_written():
+    tables = BlockTables(max_rows=2, max_blocks_per_seq=8)
+    first = tables.row_of("a", [5, 3])
+    assert tables.table[first, :2].tolist() == [5, 3]
+    assert tables.row_of("a", [5, 3, 7]) == first and tables.table[first, :3].tolist() == [5, 3, 7]
+    second = tables.row_of("b", [1])
+    assert second != first
+    tables.remove("a")
+    assert tables.row_of("c", [2, 4]) == first and tables.table[first, :2].tolist() == [2, 4]
