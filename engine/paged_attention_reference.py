@@ -1,5 +1,6 @@
-"""Paged attention in plain torch, written for clarity: the oracle of the Triton kernel
-(engine/paged_attention_triton.py) and the path on devices without Triton.
+"""Paged attention in plain torch, written for clarity: the oracle that the Triton kernel
+(engine/paged_attention_triton.py) and the engine's CPU path (engine/attention.py) are tested
+against.
 
 One step's query tokens of S sequences sit back to back in q; sequence s owns rows
 query_start[s]:query_start[s+1] (n_s of them) and has seq_lens[s] tokens in context after
