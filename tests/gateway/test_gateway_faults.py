@@ -104,8 +104,9 @@ def test_client_leaving_a_non_streamed_request_frees_its_kv(gateway, engine_a):
     body = {"model": "tiny-random", "prompt": "Tell me a long story", "max_tokens": 4000, "temperature": 0}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{gateway.url}/v1/completions", json=body, timeout=1.5)
+    # a bound for a loaded 2-core machine, not a speed check: it returns as soon as the KV is free
     wait_until(lambda: engine_a.registry_entry()["running"] == 0 and engine_a.registry_entry()["free_kv_fraction"] == 1.0,
-               timeout_s=10, what="the engine freeing the abandoned request's KV")
+               timeout_s=120, what="the engine freeing the abandoned request's KV")
 
 
 def test_redis_stopped_and_restarted_under_traffic(gateway, engine_a, redis_db):
@@ -122,8 +123,8 @@ def test_redis_stopped_and_restarted_under_traffic(gateway, engine_a, redis_db):
         redis_db.stop()
         wait_until(lambda: "unreachable" in http_json(f"{gateway.url}/readyz")[2]["redis"], what="/readyz noticing")
         during = len(results)
-        time.sleep(2)
-        assert len(results) > during  # still serving from the last-known registry
+        # still serving from the last-known registry: more requests complete during the outage
+        wait_until(lambda: len(results) > during, timeout_s=120, what="a request completing while Redis is down")
         redis_db.start()
         client = redis.Redis.from_url(redis_db.url)
         wait_until(lambda: engine_a.registry_entry() is not None, what="the engine registering again")
