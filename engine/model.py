@@ -84,8 +84,9 @@ class LlamaModel:
         c = self.config
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         cos, sin = self.rope.tables(batch.positions)
-        # the residual stream stays in fp32 whatever the weights' dtype: summing 2 x layers
-        # updates into bf16 (8 mantissa bits) is what costs bf16 most of its accuracy
+        # the residual stream stays in fp32 whatever the weights' dtype: in bf16 (8 mantissa bits)
+        # each of the 2 x layers updates added to it would be rounded (SmolLM2 teacher-forced:
+        # top-1 agreement with fp32 0.960 with a bf16 residual, 0.967 with this)
         x = self.embed_tokens[batch.input_ids].float()
         for index, layer in enumerate(self.layers):
             h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
