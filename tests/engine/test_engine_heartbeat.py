@@ -2,13 +2,13 @@
 
 import json
 import logging
-import time
 
 import pytest
 
 from common.redis_keys import engines_expiry_key, engines_key, live_engines, register_engine
 from engine.heartbeat import Heartbeat, registry_client
 from engine.registry import EngineProfile, EngineStats, registry_entry
+from tests.helpers.engine_process import wait_until
 from tests.helpers.redis_server import free_port, redis_client, redis_server  # noqa: F401  (fixtures)
 
 PROFILE = EngineProfile(
@@ -38,6 +38,11 @@ def redis_now_ms(client) -> int:
     return seconds * 1000 + microseconds // 1000
 
 
+def wait_until_redis_time_passes(client, epoch_ms: float) -> None:
+    """Wait (bounded) until Redis' own clock, which judges expiry, is past `epoch_ms`."""
+    wait_until(lambda: redis_now_ms(client) > epoch_ms, timeout_s=30, interval_s=0.02, what="Redis' clock passing the expiry")
+
+
 def test_a_beat_writes_the_entry_with_a_ttl_and_stop_removes_it(redis_client):
     heartbeat = Heartbeat(redis_client, "k25", "e1", lambda: registry_entry(PROFILE, EngineStats()), interval_s=1, ttl_s=5)
     assert heartbeat.beat()
@@ -52,17 +57,18 @@ def test_an_entry_not_refreshed_within_its_ttl_is_not_listed_and_is_removed(redi
     register_engine(redis_client, "k25", "gone", {"address": "a:1"}, ttl_s=0.2)
     register_engine(redis_client, "k25", "alive", {"address": "b:2"}, ttl_s=5)
     assert set(live_engines(redis_client, "k25")) == {"alive", "gone"}
-    time.sleep(0.3)
+    wait_until_redis_time_passes(redis_client, redis_client.zscore("k25:engines:expiry", "gone"))
     assert live_engines(redis_client, "k25") == {"alive": {"address": "b:2"}}
     assert redis_client.hkeys("k25:engines") == [b"alive"]
     assert redis_client.zrange("k25:engines:expiry", 0, -1) == [b"alive"]
 
 
 def test_a_refresh_pushes_the_expiry_one_ttl_ahead(redis_client):
-    register_engine(redis_client, "k25", "e1", {"address": "a:1"}, ttl_s=0.3)
-    time.sleep(0.2)
-    register_engine(redis_client, "k25", "e1", {"address": "a:1", "running": 1}, ttl_s=0.3)
-    time.sleep(0.2)  # past the first write's expiry, within the second's
+    register_engine(redis_client, "k25", "e1", {"address": "a:1"}, ttl_s=0.2)
+    first_expiry = redis_client.zscore("k25:engines:expiry", "e1")
+    register_engine(redis_client, "k25", "e1", {"address": "a:1", "running": 1}, ttl_s=30)
+    assert redis_client.zscore("k25:engines:expiry", "e1") - first_expiry >= 29_000
+    wait_until_redis_time_passes(redis_client, first_expiry)  # past the first write's expiry, within the second's
     assert live_engines(redis_client, "k25") == {"e1": {"address": "a:1", "running": 1}}
 
 
