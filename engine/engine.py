@@ -60,7 +60,7 @@ class LLMEngine:
         self.max_chunk_per_gpu = fit_max_chunk_per_gpu(config, model.config, self.device, dtype, weight_bytes)
         self.capacity_tokens = self.max_chunk_per_gpu * config.chunk_size
         self.max_model_len = min(self.capacity_tokens, model.config.max_position_embeddings)
-        self.block_manager = BlockManager(self.capacity_tokens // config.block_size, config.block_size)
+        self.block_manager = BlockManager(self.capacity_tokens // config.block_size, config.block_size, config.prefix_caching)
         self.kv = KVCache(model.config, self.capacity_tokens, self.device, dtype)
         self.block_tables = BlockTables(config.max_num_seqs, -(-self.max_model_len // config.block_size))
         self.scheduler = Scheduler(self.block_manager, config.max_num_batched_tokens, config.max_num_seqs, config.max_loras)
@@ -109,6 +109,7 @@ class LLMEngine:
             pad_length=request.pad_length,
             deadline=request.deadline,
             adapter=adapter,
+            cache_salt=request.cache_salt,
         )
         self._sequences[seq.request_id] = seq
         self._generators[seq.request_id] = make_generator(request.sampling.seed, self.device)
@@ -176,7 +177,7 @@ class LLMEngine:
             for seq, n in batch.items:
                 prefill = seq.num_computed_tokens < len(seq.prompt_token_ids)
                 seq.prefill_slices += prefill
-                seq.num_computed_tokens += n
+                self.scheduler.mark_computed(seq, n)
                 items.append((seq.request_id, n, prefill))
             sampled = sample(
                 logits,

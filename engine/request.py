@@ -19,6 +19,7 @@ class EngineRequest:
     pad_length: int = 0
     deadline: float | None = None  # time.time() seconds
     adapter: AdapterRef | None = None  # None: the base model
+    cache_salt: str = ""  # requests share cached prefix blocks only with requests of the same salt
 
 
 @dataclass
@@ -26,6 +27,7 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     pad_tokens: int
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
 @dataclass

@@ -7,7 +7,11 @@ blocks last (keeping one free block per running sequence). A waiting sequence wh
 adapter would make more than `max_loras` distinct adapters in the running batch gets no
 device slot this step: it is passed over, keeps its place, and later ones go ahead.
 When a running sequence needs a block and none is free, the most recent arrival is
-preempted: its blocks are freed and it is recomputed later from its tokens."""
+preempted: its blocks are freed and it is recomputed later from its tokens.
+
+A waiting sequence starts from the longest run of its full blocks found in the prefix
+cache (engine/block_manager.py): those tokens are not computed again and cost no budget.
+A preempted sequence finds its own blocks there again unless their space was needed."""
 
 from dataclasses import dataclass, field
 
@@ -59,6 +63,16 @@ class Scheduler:
         self.block_manager.release(seq.block_table)
         seq.status = SequenceStatus.FINISHED
 
+    def mark_computed(self, seq: Sequence, n: int) -> None:
+        """Record that a step computed `n` more tokens of `seq`, and offer the blocks they
+        filled to the prefix cache."""
+        seq.num_computed_tokens += n
+        block_size = self.block_manager.block_size
+        full = seq.num_computed_tokens // block_size
+        if self.block_manager.prefix_caching and full > seq.cached_blocks:
+            self.block_manager.cache_full_blocks(seq.block_table, seq.full_block_hashes(full, block_size), seq.cached_blocks)
+            seq.cached_blocks = full
+
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
@@ -86,20 +100,39 @@ class Scheduler:
             if seq.adapter is not None and seq.adapter.id not in adapters and len(adapters) >= self.max_loras:
                 i += 1
                 continue
-            n = min(seq.num_uncomputed_tokens, budget)
+            reuse = self._cached_prefix(seq)
+            computed = len(reuse) * self.block_manager.block_size
+            n = min(seq.num_tokens - computed, budget)
             # leave a block per running sequence for its next token: admitting into the last free
             # blocks would only have the newcomer preempted (and its work thrown away) next step
-            if not self.block_manager.can_grow(seq.block_table, seq.num_computed_tokens + n, keep_free=len(self.running)):
+            if not self.block_manager.can_grow(seq.block_table, computed + n, keep_free=len(self.running), reuse=reuse):
                 break
             del self.waiting[i]
             if seq.adapter is not None:
                 adapters.add(seq.adapter.id)
-            self.block_manager.grow(seq.block_table, seq.num_computed_tokens + n)
+            self.block_manager.grow(seq.block_table, computed + n, reuse=reuse)
+            self._count_lookup(seq, computed)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             batch.items.append((seq, n))
             batch.admitted.append(seq)
             budget -= n
+
+    def _cached_prefix(self, seq: Sequence) -> list[int]:
+        """The cached blocks a waiting sequence can start from. Its last token is always
+        computed (its logits give the next token), so only blocks before it count."""
+        if not self.block_manager.prefix_caching:
+            return []
+        block_size = self.block_manager.block_size
+        return self.block_manager.cached_prefix(seq.full_block_hashes((seq.num_tokens - 1) // block_size, block_size))
+
+    def _count_lookup(self, seq: Sequence, computed: int) -> None:
+        seq.num_computed_tokens = computed
+        seq.cached_blocks = computed // self.block_manager.block_size
+        if self.block_manager.prefix_caching:
+            self.block_manager.record_lookup(seq.num_tokens, computed)
+        if seq.preemptions == 0:  # what the response reports: the prompt found cached on its first admission
+            seq.num_cached_tokens = computed
 
     def _make_room(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:
         """Preempt later arrivals until `seq` can grow by `n` tokens; False if `seq` itself was preempted."""
@@ -115,6 +148,7 @@ class Scheduler:
         self.running.remove(seq)
         self.block_manager.release(seq.block_table)
         seq.num_computed_tokens = 0
+        seq.cached_blocks = 0
         seq.status = SequenceStatus.WAITING
         seq.preemptions += 1
         self.waiting.insert(0, seq)

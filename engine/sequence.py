@@ -5,6 +5,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
+from common.prefix_hash import cache_seed, chain_block_hashes
 from engine.lora.adapter import LoadedAdapter
 from engine.lora.batch import BASE_SLOT
 from engine.sampling_params import SamplingParams
@@ -48,6 +49,16 @@ class Sequence:
     first_token_time: float | None = None
     prefill_slices: int = 0  # steps that computed part of its prompt
     preemptions: int = 0
+    cache_salt: str = ""  # shares cached prefix blocks only with sequences of the same salt (and adapter)
+    # prefix caching: the hashes of its full blocks so far, how many blocks of its table it
+    # has offered to the cache, prompt tokens found cached on its first admission
+    block_hashes: list[int] = field(default_factory=list)
+    cached_blocks: int = 0
+    num_cached_tokens: int = 0
+
+    def __post_init__(self):
+        # what besides the tokens changes its KV: the hash chain of its blocks starts from it
+        self.cache_seed = cache_seed(self.adapter.ref.key if self.adapter else "", self.cache_salt)
 
     @property
     def num_tokens(self) -> int:
@@ -72,3 +83,11 @@ class Sequence:
         if end <= prompt_len:
             return self.prompt_token_ids[start:end]
         return self.prompt_token_ids[start:] + self.output_token_ids[max(0, start - prompt_len) : end - prompt_len]
+
+    def full_block_hashes(self, num_blocks: int, block_size: int) -> list[int]:
+        """The prefix hashes of its first `num_blocks` blocks (all full), computed once each."""
+        known = len(self.block_hashes)
+        if num_blocks > known:
+            parent = self.block_hashes[-1] if known else self.cache_seed
+            self.block_hashes += chain_block_hashes(self.tokens(known * block_size, num_blocks * block_size), block_size, parent)
+        return self.block_hashes[:num_blocks]

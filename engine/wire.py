@@ -64,6 +64,7 @@ def request_from_proto(request: k25_pb2.GenerateRequest) -> EngineRequest:
         pad_length=request.pad_length,
         deadline=request.deadline_unix_s or None,
         adapter=AdapterRef(request.adapter.name, request.adapter.version) if request.adapter.name else None,
+        cache_salt=request.cache_salt,
     )
 
 
@@ -117,7 +118,8 @@ def _final(output: RequestOutput) -> k25_pb2.Final:
         request_id=output.request_id,
         finish_reason=_FINISH_REASONS[output.finish_reason],
         usage=k25_pb2.Usage(
-            prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens, pad_tokens=usage.pad_tokens
+            prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens, pad_tokens=usage.pad_tokens,
+            cached_tokens=usage.cached_tokens,
         ),
         timings=k25_pb2.Timings(
             queued_s=timings.queued_s,

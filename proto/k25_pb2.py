@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\tk25.proto\x12\x06k25.v1\"(\n\x07\x41\x64\x61pter\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"\xbf\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x05 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\r\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x10\n\x08logprobs\x18\t \x01(\rB\x07\n\x05_seed\"7\n\x0cTraceContext\x12\x13\n\x0btraceparent\x18\x01 \x01(\t\x12\x12\n\ntracestate\x18\x02 \x01(\t\"\x90\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12 \n\x07\x61\x64\x61pter\x18\x04 \x01(\x0b\x32\x0f.k25.v1.Adapter\x12\x18\n\x10prompt_token_ids\x18\x05 \x03(\r\x12\x12\n\npad_length\x18\x06 \x01(\r\x12\x12\n\nchunk_size\x18\x07 \x01(\r\x12(\n\x08sampling\x18\x08 \x01(\x0b\x32\x16.k25.v1.SamplingParams\x12\x17\n\x0f\x64\x65\x61\x64line_unix_s\x18\t \x01(\x01\x12#\n\x05trace\x18\n \x01(\x0b\x32\x14.k25.v1.TraceContext\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"m\n\rClientMessage\x12+\n\x08generate\x18\x01 \x01(\x0b\x32\x17.k25.v1.GenerateRequestH\x00\x12\'\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x15.k25.v1.CancelRequestH\x00\x42\x06\n\x04kind\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"R\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x1f\n\x03top\x18\x03 \x03(\x0b\x32\x12.k25.v1.TopLogprob\"i\n\nTokenDelta\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12&\n\x08logprobs\x18\x04 \x03(\x0b\x32\x14.k25.v1.TokenLogprob\"M\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x12\n\npad_tokens\x18\x03 \x01(\r\"x\n\x07Timings\x12\x10\n\x08queued_s\x18\x01 \x01(\x01\x12\x1d\n\x15time_to_first_token_s\x18\x02 \x01(\x01\x12\x0f\n\x07total_s\x18\x03 \x01(\x01\x12\x16\n\x0eprefill_chunks\x18\x04 \x01(\r\x12\x13\n\x0bpreemptions\x18\x05 \x01(\r\"\x88\x01\n\x05\x46inal\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12+\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x14.k25.v1.FinishReason\x12\x1c\n\x05usage\x18\x03 \x01(\x0b\x32\r.k25.v1.Usage\x12 \n\x07timings\x18\x04 \x01(\x0b\x32\x0f.k25.v1.Timings\"M\n\x05\x45rror\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x1f\n\x04\x63ode\x18\x02 \x01(\x0e\x32\x11.k25.v1.ErrorCode\x12\x0f\n\x07message\x18\x03 \x01(\t\"|\n\rEngineMessage\x12#\n\x05\x64\x65lta\x18\x01 \x01(\x0b\x32\x12.k25.v1.TokenDeltaH\x00\x12\x1e\n\x05\x66inal\x18\x02 \x01(\x0b\x32\r.k25.v1.FinalH\x00\x12\x1e\n\x05\x65rror\x18\x03 \x01(\x0b\x32\r.k25.v1.ErrorH\x00\x42\x06\n\x04kind\"6\n\x0b\x45ngineBatch\x12\'\n\x08messages\x18\x01 \x03(\x0b\x32\x15.k25.v1.EngineMessage\"\xcf\x01\n\x0c\x43hunkRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x12\n\nchunk_size\x18\x03 \x01(\r\x12\x1a\n\roverlap_ratio\x18\x04 \x01(\x02H\x00\x88\x01\x01\x12\x1f\n\x12semantic_threshold\x18\x05 \x01(\x02H\x01\x88\x01\x01\x12#\n\x05trace\x18\x06 \x01(\x0b\x32\x14.k25.v1.TraceContextB\x10\n\x0e_overlap_ratioB\x15\n\x13_semantic_threshold\"e\n\x05\x43hunk\x12\x12\n\nstart_char\x18\x01 \x01(\r\x12\x10\n\x08\x65nd_char\x18\x02 \x01(\r\x12\x13\n\x0bstart_token\x18\x03 \x01(\r\x12\x11\n\tend_token\x18\x04 \x01(\r\x12\x0e\n\x06\x61nchor\x18\x05 \x01(\t\"v\n\rChunkResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x1d\n\x06\x63hunks\x18\x02 \x03(\x0b\x32\r.k25.v1.Chunk\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\r\x12\x1c\n\x05\x65rror\x18\x04 \x01(\x0b\x32\r.k25.v1.Error*\xb9\x01\n\tErrorCode\x12\x1a\n\x16\x45RROR_CODE_UNSPECIFIED\x10\x00\x12\x14\n\x10INVALID_ARGUMENT\x10\x01\x12\x17\n\x13\x43HUNK_SIZE_MISMATCH\x10\x02\x12\x16\n\x12RESOURCE_EXHAUSTED\x10\x03\x12\x15\n\x11\x41\x44\x41PTER_NOT_FOUND\x10\x04\x12\x15\n\x11\x44\x45\x41\x44LINE_EXCEEDED\x10\x05\x12\r\n\tCANCELLED\x10\x06\x12\x0c\n\x08INTERNAL\x10\x07*Y\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x08\n\x04STOP\x10\x01\x12\n\n\x06LENGTH\x10\x02\x12\t\n\x05\x41\x42ORT\x10\x03\x12\t\n\x05\x45RROR\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\tk25.proto\x12\x06k25.v1\"(\n\x07\x41\x64\x61pter\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"\xbf\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x05 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\r\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x10\n\x08logprobs\x18\t \x01(\rB\x07\n\x05_seed\"7\n\x0cTraceContext\x12\x13\n\x0btraceparent\x18\x01 \x01(\t\x12\x12\n\ntracestate\x18\x02 \x01(\t\"\xa4\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12 \n\x07\x61\x64\x61pter\x18\x04 \x01(\x0b\x32\x0f.k25.v1.Adapter\x12\x18\n\x10prompt_token_ids\x18\x05 \x03(\r\x12\x12\n\npad_length\x18\x06 \x01(\r\x12\x12\n\nchunk_size\x18\x07 \x01(\r\x12(\n\x08sampling\x18\x08 \x01(\x0b\x32\x16.k25.v1.SamplingParams\x12\x17\n\x0f\x64\x65\x61\x64line_unix_s\x18\t \x01(\x01\x12#\n\x05trace\x18\n \x01(\x0b\x32\x14.k25.v1.TraceContext\x12\x12\n\ncache_salt\x18\x0b \x01(\t\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"m\n\rClientMessage\x12+\n\x08generate\x18\x01 \x01(\x0b\x32\x17.k25.v1.GenerateRequestH\x00\x12\'\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x15.k25.v1.CancelRequestH\x00\x42\x06\n\x04kind\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"R\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x1f\n\x03top\x18\x03 \x03(\x0b\x32\x12.k25.v1.TopLogprob\"i\n\nTokenDelta\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12&\n\x08logprobs\x18\x04 \x03(\x0b\x32\x14.k25.v1.TokenLogprob\"d\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x12\n\npad_tokens\x18\x03 \x01(\r\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\"x\n\x07Timings\x12\x10\n\x08queued_s\x18\x01 \x01(\x01\x12\x1d\n\x15time_to_first_token_s\x18\x02 \x01(\x01\x12\x0f\n\x07total_s\x18\x03 \x01(\x01\x12\x16\n\x0eprefill_chunks\x18\x04 \x01(\r\x12\x13\n\x0bpreemptions\x18\x05 \x01(\r\"\x88\x01\n\x05\x46inal\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12+\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x14.k25.v1.FinishReason\x12\x1c\n\x05usage\x18\x03 \x01(\x0b\x32\r.k25.v1.Usage\x12 \n\x07timings\x18\x04 \x01(\x0b\x32\x0f.k25.v1.Timings\"M\n\x05\x45rror\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x1f\n\x04\x63ode\x18\x02 \x01(\x0e\x32\x11.k25.v1.ErrorCode\x12\x0f\n\x07message\x18\x03 \x01(\t\"|\n\rEngineMessage\x12#\n\x05\x64\x65lta\x18\x01 \x01(\x0b\x32\x12.k25.v1.TokenDeltaH\x00\x12\x1e\n\x05\x66inal\x18\x02 \x01(\x0b\x32\r.k25.v1.FinalH\x00\x12\x1e\n\x05\x65rror\x18\x03 \x01(\x0b\x32\r.k25.v1.ErrorH\x00\x42\x06\n\x04kind\"6\n\x0b\x45ngineBatch\x12\'\n\x08messages\x18\x01 \x03(\x0b\x32\x15.k25.v1.EngineMessage\"\xcf\x01\n\x0c\x43hunkRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x12\n\nchunk_size\x18\x03 \x01(\r\x12\x1a\n\roverlap_ratio\x18\x04 \x01(\x02H\x00\x88\x01\x01\x12\x1f\n\x12semantic_threshold\x18\x05 \x01(\x02H\x01\x88\x01\x01\x12#\n\x05trace\x18\x06 \x01(\x0b\x32\x14.k25.v1.TraceContextB\x10\n\x0e_overlap_ratioB\x15\n\x13_semantic_threshold\"e\n\x05\x43hunk\x12\x12\n\nstart_char\x18\x01 \x01(\r\x12\x10\n\x08\x65nd_char\x18\x02 \x01(\r\x12\x13\n\x0bstart_token\x18\x03 \x01(\r\x12\x11\n\tend_token\x18\x04 \x01(\r\x12\x0e\n\x06\x61nchor\x18\x05 \x01(\t\"v\n\rChunkResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x1d\n\x06\x63hunks\x18\x02 \x03(\x0b\x32\r.k25.v1.Chunk\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\r\x12\x1c\n\x05\x65rror\x18\x04 \x01(\x0b\x32\r.k25.v1.Error*\xb9\x01\n\tErrorCode\x12\x1a\n\x16\x45RROR_CODE_UNSPECIFIED\x10\x00\x12\x14\n\x10INVALID_ARGUMENT\x10\x01\x12\x17\n\x13\x43HUNK_SIZE_MISMATCH\x10\x02\x12\x16\n\x12RESOURCE_EXHAUSTED\x10\x03\x12\x15\n\x11\x41\x44\x41PTER_NOT_FOUND\x10\x04\x12\x15\n\x11\x44\x45\x41\x44LINE_EXCEEDED\x10\x05\x12\r\n\tCANCELLED\x10\x06\x12\x0c\n\x08INTERNAL\x10\x07*Y\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x08\n\x04STOP\x10\x01\x12\n\n\x06LENGTH\x10\x02\x12\t\n\x05\x41\x42ORT\x10\x03\x12\t\n\x05\x45RROR\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'k25_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ERRORCODE']._serialized_start=2012
-  _globals['_ERRORCODE']._serialized_end=2197
-  _globals['_FINISHREASON']._serialized_start=2199
-  _globals['_FINISHREASON']._serialized_end=2288
+  _globals['_ERRORCODE']._serialized_start=2055
+  _globals['_ERRORCODE']._serialized_end=2240
+  _globals['_FINISHREASON']._serialized_start=2242
+  _globals['_FINISHREASON']._serialized_end=2331
   _globals['_ADAPTER']._serialized_start=21
   _globals['_ADAPTER']._serialized_end=61
   _globals['_SAMPLINGPARAMS']._serialized_start=64
@@ -42,33 +42,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRACECONTEXT']._serialized_start=257
   _globals['_TRACECONTEXT']._serialized_end=312
   _globals['_GENERATEREQUEST']._serialized_start=315
-  _globals['_GENERATEREQUEST']._serialized_end=587
-  _globals['_CANCELREQUEST']._serialized_start=589
-  _globals['_CANCELREQUEST']._serialized_end=624
-  _globals['_CLIENTMESSAGE']._serialized_start=626
-  _globals['_CLIENTMESSAGE']._serialized_end=735
-  _globals['_TOPLOGPROB']._serialized_start=737
-  _globals['_TOPLOGPROB']._serialized_end=784
-  _globals['_TOKENLOGPROB']._serialized_start=786
-  _globals['_TOKENLOGPROB']._serialized_end=868
-  _globals['_TOKENDELTA']._serialized_start=870
-  _globals['_TOKENDELTA']._serialized_end=975
-  _globals['_USAGE']._serialized_start=977
-  _globals['_USAGE']._serialized_end=1054
-  _globals['_TIMINGS']._serialized_start=1056
-  _globals['_TIMINGS']._serialized_end=1176
-  _globals['_FINAL']._serialized_start=1179
-  _globals['_FINAL']._serialized_end=1315
-  _globals['_ERROR']._serialized_start=1317
-  _globals['_ERROR']._serialized_end=1394
-  _globals['_ENGINEMESSAGE']._serialized_start=1396
-  _globals['_ENGINEMESSAGE']._serialized_end=1520
-  _globals['_ENGINEBATCH']._serialized_start=1522
-  _globals['_ENGINEBATCH']._serialized_end=1576
-  _globals['_CHUNKREQUEST']._serialized_start=1579
-  _globals['_CHUNKREQUEST']._serialized_end=1786
-  _globals['_CHUNK']._serialized_start=1788
-  _globals['_CHUNK']._serialized_end=1889
-  _globals['_CHUNKRESPONSE']._serialized_start=1891
-  _globals['_CHUNKRESPONSE']._serialized_end=2009
+  _globals['_GENERATEREQUEST']._serialized_end=607
+  _globals['_CANCELREQUEST']._serialized_start=609
+  _globals['_CANCELREQUEST']._serialized_end=644
+  _globals['_CLIENTMESSAGE']._serialized_start=646
+  _globals['_CLIENTMESSAGE']._serialized_end=755
+  _globals['_TOPLOGPROB']._serialized_start=757
+  _globals['_TOPLOGPROB']._serialized_end=804
+  _globals['_TOKENLOGPROB']._serialized_start=806
+  _globals['_TOKENLOGPROB']._serialized_end=888
+  _globals['_TOKENDELTA']._serialized_start=890
+  _globals['_TOKENDELTA']._serialized_end=995
+  _globals['_USAGE']._serialized_start=997
+  _globals['_USAGE']._serialized_end=1097
+  _globals['_TIMINGS']._serialized_start=1099
+  _globals['_TIMINGS']._serialized_end=1219
+  _globals['_FINAL']._serialized_start=1222
+  _globals['_FINAL']._serialized_end=1358
+  _globals['_ERROR']._serialized_start=1360
+  _globals['_ERROR']._serialized_end=1437
+  _globals['_ENGINEMESSAGE']._serialized_start=1439
+  _globals['_ENGINEMESSAGE']._serialized_end=1563
+  _globals['_ENGINEBATCH']._serialized_start=1565
+  _globals['_ENGINEBATCH']._serialized_end=1619
+  _globals['_CHUNKREQUEST']._serialized_start=1622
+  _globals['_CHUNKREQUEST']._serialized_end=1829
+  _globals['_CHUNK']._serialized_start=1831
+  _globals['_CHUNK']._serialized_end=1932
+  _globals['_CHUNKRESPONSE']._serialized_start=1934
+  _globals['_CHUNKRESPONSE']._serialized_end=2052
 # @@protoc_insertion_point(module_scope)

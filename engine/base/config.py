@@ -9,6 +9,7 @@ class EngineConfig:
     max_chunk_per_gpu: int | None = None  # None: the node type's default (see engine.hardware)
     node_type: str = "cpu"
     block_size: int = 16  # tokens per KV block
+    prefix_caching: bool = True  # reuse the KV of full blocks whose prefix was computed before
     max_num_batched_tokens: int = 512  # the one token budget of a step, decodes and prefill chunks together
     max_num_seqs: int = 64  # running sequences at once
     max_waiting: int = 1024  # queued requests beyond which new ones get RESOURCE_EXHAUSTED

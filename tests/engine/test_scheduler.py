@@ -20,10 +20,25 @@ def make_adapter(name: str) -> LoadedAdapter:
 
 
 def check_block_invariants(scheduler: Scheduler) -> None:
+    """Every block is free or held, held blocks are counted once per table that holds them,
+    and a block two tables hold is a full, computed, cached block of the same prefix (same
+    tokens, same adapter, same salt) in both."""
     bm = scheduler.block_manager
-    owned = [b for s in scheduler.running + scheduler.waiting for b in s.block_table]
-    assert len(owned) == len(set(owned)), "a block is owned twice"
-    assert len(owned) + bm.num_free_blocks == bm.num_blocks, "a block leaked"
+    holders: dict[int, list[tuple[Sequence, int]]] = {}
+    for seq in scheduler.running + scheduler.waiting:
+        for i, block in enumerate(seq.block_table):
+            holders.setdefault(block, []).append((seq, i))
+    for block in range(bm.num_blocks):
+        assert bm.ref_count(block) == len(holders.get(block, [])), f"block {block} freed while held, or leaked"
+    assert len(holders) + bm.num_free_blocks == bm.num_blocks, "a block leaked"
+    for block, held in holders.items():
+        if len(held) > 1:
+            assert bm.cached_hash(block) is not None, f"block {block} shared but not cached"
+            for seq, i in held:
+                assert seq.num_computed_tokens >= (i + 1) * bm.block_size, "a shared block is still being written"
+                assert seq.block_hashes[i] == bm.cached_hash(block)
+            assert len({(seq.cache_seed, tuple(seq.tokens(0, (i + 1) * bm.block_size))) for seq, i in held}) == 1, \
+                "a block shared across adapters, salts or different tokens"
     for seq in scheduler.waiting:
         assert seq.block_table == [] or seq.num_computed_tokens > 0
 
@@ -38,7 +53,7 @@ def run_step(scheduler: Scheduler) -> list[Sequence]:
     finished = []
     for seq, n in batch.items:
         assert n >= 1
-        seq.num_computed_tokens += n
+        scheduler.mark_computed(seq, n)
         assert scheduler.block_manager.blocks_for(seq.num_computed_tokens) <= len(seq.block_table)
         if seq.num_computed_tokens == seq.num_tokens:
             seq.output_token_ids.append(7)
@@ -114,7 +129,7 @@ def test_preemption_frees_blocks_and_recomputes_later_arrival():
         batch = scheduler.schedule()
         preempted += [s.request_id for s in batch.preempted]
         for seq, n in batch.items:
-            seq.num_computed_tokens += n
+            scheduler.mark_computed(seq, n)
             if seq.num_computed_tokens == seq.num_tokens:
                 seq.output_token_ids.append(1)
                 if len(seq.output_token_ids) == 8:
