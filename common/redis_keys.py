@@ -26,6 +26,15 @@ small Lua scripts, so that:
 - a read removes the entries it finds expired (as does a write, so the hash stays small
   without readers too), and both keys expire with the longest-lived entry, so a release
   whose engines all stopped leaves nothing behind.
+Engines announce what their prefix caches hold on one pub/sub channel per release:
+
+    {release}:kv_events                   channel: KVEvents messages (proto/k25.proto)
+
+Each message names the engine and its incarnation and lists the block hashes it cached and
+evicted since its last message (common/prefix_hash.py); `cleared` says to forget everything
+heard from that engine before. Gateways keep what they hear as a routing hint: a message
+lost costs a cache miss, never a wrong answer.
+
 The sorted set decides who is live; the hash only holds what they said (a hash cannot
 expire its fields before Redis 7.4, hence the set beside it). Scripts that write after
 reading the clock need Redis 5 or later (effects replication).
@@ -120,6 +129,10 @@ for _, engine_id in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
 end
 return live
 """
+
+
+def kv_events_channel(release: str) -> str:
+    return f"{release}:kv_events"
 
 
 def engines_key(release: str) -> str:

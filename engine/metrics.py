@@ -33,12 +33,22 @@ class EngineMetrics(MetricsEndpoint):
         self.request_errors = Counter(
             "k25_engine_request_errors", "Requests (or frames) answered with an Error, by code", ["code"], registry=r
         )
-        self._preemptions_seen = 0
+        self.prefix_queries = Counter(
+            "k25_engine_prefix_cache_queries", "Prompt tokens looked up in the prefix cache", registry=r
+        )
+        self.prefix_hits = Counter("k25_engine_prefix_cache_hits", "Prompt tokens found in the prefix cache", registry=r)
+        self.prefix_evictions = Counter(
+            "k25_engine_prefix_cache_evictions", "Cached KV blocks taken for new KV", registry=r
+        )
+        self._seen: dict[Counter, int] = {}  # counter -> the engine's own count it was last brought up to
 
     def update_load(self, stats: EngineStats) -> None:
         self.running.set(stats.running)
         self.waiting.set(stats.waiting)
         self.kv_usage.set(stats.kv_usage)
-        if stats.preemptions > self._preemptions_seen:
-            self.preemptions.inc(stats.preemptions - self._preemptions_seen)
-            self._preemptions_seen = stats.preemptions
+        for counter, total in ((self.preemptions, stats.preemptions), (self.prefix_queries, stats.prefix_queried_tokens),
+                               (self.prefix_hits, stats.prefix_hit_tokens), (self.prefix_evictions, stats.prefix_evicted_blocks)):
+            seen = self._seen.get(counter, 0)
+            if total > seen:
+                counter.inc(total - seen)
+                self._seen[counter] = total

@@ -23,6 +23,9 @@ class EngineProfile:
     kv_admission_limit: float  # KV use above which new requests get RESOURCE_EXHAUSTED
     max_waiting: int  # queued requests at which new ones get RESOURCE_EXHAUSTED
     heartbeat_ttl_s: float  # how long the entry outlives its last refresh
+    block_size: int = 16  # tokens per KV block: the unit of its prefix-cache hashes
+    prefix_caching: bool = True
+    incarnation: str = ""  # new at every start: a restarted engine's cache starts empty
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,14 @@ class EngineStats:
     kv_usage: float = 0.0  # fraction of KV blocks in use
     preemptions: int = 0
     adapters: tuple[str, ...] = ()  # name@version of the adapters it serves
+    # prefix cache since start: prompt tokens looked up, found, and cached blocks evicted
+    prefix_queried_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    prefix_evicted_blocks: int = 0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.prefix_hit_tokens / self.prefix_queried_tokens if self.prefix_queried_tokens else 0.0
 
 
 def registry_entry(profile: EngineProfile, stats: EngineStats) -> dict:
@@ -54,4 +65,8 @@ def registry_entry(profile: EngineProfile, stats: EngineStats) -> dict:
         "running": stats.running,
         "waiting": stats.waiting,
         "adapters": list(stats.adapters),
+        "block_size": profile.block_size,
+        "prefix_caching": profile.prefix_caching,
+        "incarnation": profile.incarnation,
+        "prefix_cache_hit_rate": round(stats.prefix_hit_rate, 4),
     }

@@ -35,6 +35,7 @@ import zmq
 from common.zmq_router import bind_router
 from engine.base.errors import EngineError, ErrorCode
 from engine.engine import LLMEngine
+from engine.kv_events import KVEventPublisher
 from engine.metrics import EngineMetrics
 from engine.outbox import Outbox
 from engine.registry import EngineStats
@@ -97,6 +98,12 @@ class EngineServer:
         self._calls: queue.SimpleQueue[tuple[Callable, Future]] = queue.SimpleQueue()
         self.stats = EngineStats()
         self._publish_stats()
+        self.kv_events: KVEventPublisher | None = None
+
+    def publish_cache_events(self, publisher: KVEventPublisher) -> None:
+        """From now on, hand every step's prefix-cache changes to `publisher`."""
+        self.engine.block_manager.events_enabled = True
+        self.kv_events = publisher
 
     # --- the loop -----------------------------------------------------------------------
 
@@ -138,6 +145,8 @@ class EngineServer:
             outputs = self.engine.step()
             self.traces.stepped(self.engine.last_step)
             self._dispatch(outputs)
+            if self.kv_events is not None:
+                self.kv_events.add(*self.engine.block_manager.take_events())
         # published before sending, so that a client that has a step's output also sees its load
         self._publish_stats()
         gone = self._outbox.flush()
@@ -151,12 +160,16 @@ class EngineServer:
 
     def _publish_stats(self) -> None:
         # one immutable snapshot: the heartbeat thread reads it without touching the engine
+        cache = self.engine.block_manager.stats
         self.stats = EngineStats(
             running=self.engine.num_running,
             waiting=self.engine.num_waiting,
             kv_usage=self.engine.kv_usage,
             preemptions=self.engine.num_preemptions,
             adapters=tuple(self.engine.adapter_keys),
+            prefix_queried_tokens=cache.queried_tokens,
+            prefix_hit_tokens=cache.hit_tokens,
+            prefix_evicted_blocks=cache.evicted_blocks,
         )
         self.metrics.update_load(self.stats)
 

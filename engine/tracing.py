@@ -88,7 +88,9 @@ class RequestTraces:
                              "gen_ai.response.finish_reasons": [output.finish_reason.value]})
         if output.usage is not None:
             span.set_attributes({"gen_ai.usage.input_tokens": output.usage.prompt_tokens,
-                                 "gen_ai.usage.output_tokens": output.usage.completion_tokens})
+                                 "gen_ai.usage.output_tokens": output.usage.completion_tokens,
+                                 "k25.prefix_cache.cached_tokens": output.usage.cached_tokens,
+                                 "k25.prefix_cache.hit_rate": output.usage.cached_tokens / max(1, output.usage.prompt_tokens)})
         if output.error is not None:
             span.set_status(Status(StatusCode.ERROR, f"{output.error.code.name}: {output.error.message}"))
         span.end(end_time=now)

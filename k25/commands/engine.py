@@ -6,6 +6,7 @@ import signal
 import socket
 import sys
 import threading
+import uuid
 
 from k25.commands.engine_settings import add_engine_settings, load_for_engine
 
@@ -59,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.base.errors import EngineConfigError
     from engine.engine import LLMEngine
     from engine.heartbeat import Heartbeat, registry_client
+    from engine.kv_events import KVEventPublisher
     from engine.metrics import EngineMetrics
     from engine.registry import EngineProfile, registry_entry
     from engine.rollout_watcher import RolloutWatcher
@@ -108,10 +110,13 @@ def run(args: argparse.Namespace) -> int:
         kv_admission_limit=config.kv_admission_limit,
         max_waiting=config.max_waiting,
         heartbeat_ttl_s=args.heartbeat_ttl_s,
+        block_size=config.block_size,
+        prefix_caching=config.prefix_caching,
+        incarnation=uuid.uuid4().hex,
     )
     server.traces = RequestTraces(engine_id, args.pool, args.model)
     tracing = setup_tracing("k25-engine")
-    heartbeat = watcher = None
+    heartbeat = watcher = kv_events = None
     if args.redis_url and args.max_loras:
         watcher = RolloutWatcher(registry_client(args.redis_url), args.release, server)
     if args.redis_url:
@@ -119,6 +124,9 @@ def run(args: argparse.Namespace) -> int:
             registry_client(args.redis_url), args.release, engine_id, lambda: registry_entry(profile, server.stats),
             interval_s=args.heartbeat_interval_s, ttl_s=args.heartbeat_ttl_s,
         )
+        if config.prefix_caching:
+            kv_events = KVEventPublisher(registry_client(args.redis_url), args.release, engine_id, profile.incarnation)
+            server.publish_cache_events(kv_events)
 
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -131,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
         heartbeat.start()
     if watcher is not None:
         watcher.start()
+    if kv_events is not None:
+        kv_events.start()
     try:
         server.serve(stop)
     finally:
@@ -139,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
             watcher.stop()
         if heartbeat is not None:
             heartbeat.stop()
+        if kv_events is not None:
+            kv_events.stop()
         server.close()
         metrics.close()
         if tracing is not None:

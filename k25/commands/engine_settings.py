@@ -22,6 +22,8 @@ def add_engine_settings(parser: argparse.ArgumentParser) -> None:
                        help=f"the token budget of one step, decodes and prefill slices together (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})")
     group.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS,
                        help=f"sequences running at once (default {DEFAULT_MAX_NUM_SEQS})")
+    group.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                       help="reuse the KV of full blocks whose prompt prefix was computed before (default on)")
     group.add_argument("--gpu-memory-utilization", type=float, default=0.90,
                        help="fraction of GPU memory that weights and KV cache may use (default 0.90)")
 
@@ -46,6 +48,7 @@ def load_for_engine(args: argparse.Namespace, **config_fields):
     model = load_model(args.model, choice.dtype)
     config = EngineConfig(
         device=args.device, dtype=choice.name, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs, gpu_memory_utilization=args.gpu_memory_utilization, **config_fields,
+        max_num_seqs=args.max_num_seqs, gpu_memory_utilization=args.gpu_memory_utilization,
+        prefix_caching=args.prefix_caching, **config_fields,
     )
     return model, config
