@@ -23,6 +23,10 @@ def register(subparsers) -> None:
     p.add_argument("--max-tokens-limit", type=int, default=8192, help="largest max_tokens accepted (default 8192)")
     p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024, help="largest request body (default 8 MiB)")
     p.add_argument("--max-inflight", type=int, default=2048, help="requests in flight before 503 (default 2048)")
+    p.add_argument("--prefix-index-max-blocks", type=int, default=262_144,
+                   help="prompt block hashes remembered for cache-aware routing, about 126 bytes each (default 262144)")
+    p.add_argument("--share-prefix-cache-across-tenants", action="store_true",
+                   help="let tenants' requests reuse each other's cached prompts (default: each tenant's are its own)")
     p.add_argument("--log-level", default="warning", help="uvicorn's access and error log level (default warning)")
     p.set_defaults(handler=run)
 
@@ -44,7 +48,12 @@ def run(args) -> int:
         api_keys_file=args.api_keys_file, chunker_address=args.chunker_address,
         request_timeout_s=args.request_timeout_s, max_tokens_limit=args.max_tokens_limit,
         max_body_bytes=args.max_body_bytes, max_inflight=args.max_inflight,
+        prefix_index_max_blocks=args.prefix_index_max_blocks,
+        share_prefix_cache_across_tenants=args.share_prefix_cache_across_tenants,
     )
+    if settings.prefix_index_max_blocks < 1:
+        print("k25 gateway: --prefix-index-max-blocks must be at least 1", file=sys.stderr)
+        return 2
     try:
         tokenizer = load_tokenizer(settings.model)
         api_keys = ApiKeys.from_file(settings.api_keys_file) if settings.api_keys_file else None

@@ -83,12 +83,11 @@ async def _ask(gateway: Gateway, body: AskRequest, parent_span, caller: Caller):
         passages = [Passage(i + 1, p.anchor, p.start_char, p.end_char, body.document[p.start_char:p.end_char])
                     for i, p in enumerate(split.chunks)]
         span.set_attributes({"k25.chunks": len(passages), "k25.document_tokens": split.total_tokens})
-        usage = {"prompt_tokens": 0, "completion_tokens": 0}
+        usage = {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0}
 
         async def note(messages: list[dict]) -> str:
             answer = await gateway.generate(_job(gateway, body, messages, body.note_max_tokens, caller), ReplyShape(True), span)
-            usage["prompt_tokens"] += answer.final.usage.prompt_tokens
-            usage["completion_tokens"] += answer.final.usage.completion_tokens
+            _add_usage(usage, answer.final.usage)
             return answer.text
 
         passages = await take_notes(body.question, passages, note)
@@ -98,12 +97,13 @@ async def _ask(gateway: Gateway, body: AskRequest, parent_span, caller: Caller):
                 {"id": final_job.request_id, "object": "document.citations", "citations": citations(text, passages)}
             ])
         answer = await gateway.generate(final_job, ReplyShape(True), span)
-    usage["prompt_tokens"] += answer.final.usage.prompt_tokens
-    usage["completion_tokens"] += answer.final.usage.completion_tokens
+    _add_usage(usage, answer.final.usage)
     return JSONResponse({
         "id": final_job.request_id, "object": "document.answer", "created": int(time.time()), "model": body.model,
         "answer": answer.text, "citations": citations(answer.text, passages), "chunks": len(passages),
-        "usage": {**usage, "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]},
+        "usage": {"prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
+                  "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
+                  "prompt_tokens_details": {"cached_tokens": usage["cached_tokens"]}},
     })
 
 
@@ -125,6 +125,12 @@ async def _split(gateway: Gateway, fields: SplitFields, text: str, parent_span):
     if not split.chunks:
         raise invalid_request("the document has no text to split into passages", "document")
     return split
+
+
+def _add_usage(total: dict, usage) -> None:
+    total["prompt_tokens"] += usage.prompt_tokens
+    total["completion_tokens"] += usage.completion_tokens
+    total["cached_tokens"] += usage.cached_tokens
 
 
 def _passage_json(passage) -> dict:

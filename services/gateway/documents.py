@@ -32,13 +32,16 @@ class Passage:
         return {"index": self.index, "anchor": self.anchor, "start_char": self.start_char, "end_char": self.end_char}
 
 
-# the prompts call a passage a "part", the plain word for the model
+# the prompts call a passage a "part", the plain word for the model. Everything that depends
+# only on the document comes before the question, so that every later question about the same
+# document finds each part's KV in an engine's prefix cache and computes only its own tokens.
 def map_messages(question: str, passage: Passage) -> list[dict]:
     opening = f" (it opens at {passage.anchor})" if passage.anchor else ""
     return [
         {"role": "system", "content": "You read one part of a long document and note only what in it bears on a question."},
         {"role": "user", "content": (
-            f"Question: {question}\n\nPart {passage.index} of the document{opening}:\n{passage.text}\n\n"
+            f"Part {passage.index} of the document{opening}:\n{passage.text}\n\n"
+            f"Question: {question}\n\n"
             f"Quote or summarise what in this part bears on the question, naming its clause or article. "
             f"If nothing in it does, answer exactly {NOTHING}."
         )},

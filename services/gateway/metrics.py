@@ -32,4 +32,12 @@ class GatewayMetrics:
         )
         self.inflight = Gauge("k25_gateway_inflight_requests", "Requests in flight", registry=self.registry)
         self.engines = Gauge("k25_gateway_live_engines", "Engines in the registry, by pool", ["pool"], registry=self.registry)
+        self.prefix_routing = Counter(
+            "k25_gateway_prefix_routing", "Requests by what the prefix index expected of the engine chosen and what it "
+            "reported: hit (expected cached, was), miss (expected cached, was not: a stale index), unexpected_hit, none",
+            ["result"], registry=self.registry,
+        )
+        self.prefix_index_blocks = Gauge(
+            "k25_gateway_prefix_index_blocks", "Block hashes in the cache-aware routing index", registry=self.registry
+        )
         self.redis_up = Gauge("k25_gateway_redis_up", "1 when the last registry read from Redis succeeded", registry=self.registry)

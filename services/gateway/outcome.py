@@ -22,6 +22,7 @@ class RequestOutcome:
     def __init__(self, gateway, pool: str, started: float, job: Job, chat: bool, parent_span):
         self.gateway, self.pool, self.started = gateway, pool, started
         self.adapter = job.adapter
+        self.expected_cached_tokens = 0  # what the prefix index expected the chosen engine to hold
         self._first_token_seen = False
         self._done = False
         gateway.accounting.arrived(pool, started)
@@ -43,6 +44,7 @@ class RequestOutcome:
 
     def opened(self, opened) -> None:
         self.pool = opened.pool
+        self.expected_cached_tokens = opened.expected_cached_tokens
         self.span.set_attributes({"k25.pool": opened.pool, "k25.engine": opened.engine.engine_id,
                                   "k25.chunk_size": opened.engine.chunk_size})
 
@@ -56,8 +58,12 @@ class RequestOutcome:
         self.span.set_attributes({
             "gen_ai.usage.input_tokens": final.usage.prompt_tokens, "gen_ai.usage.output_tokens": final.usage.completion_tokens,
             "gen_ai.response.finish_reasons": [FINISH_REASONS.get(final.finish_reason, "stop")],
-            "k25.pad_tokens": final.usage.pad_tokens,
+            "k25.pad_tokens": final.usage.pad_tokens, "k25.cached_tokens": final.usage.cached_tokens,
+            "k25.expected_cached_tokens": self.expected_cached_tokens,
         })
+        expected, found = self.expected_cached_tokens > 0, final.usage.cached_tokens > 0
+        result = {(True, True): "hit", (True, False): "miss", (False, True): "unexpected_hit", (False, False): "none"}
+        self.gateway.metrics.prefix_routing.labels(result[expected, found]).inc()
 
     def done(self, status: int) -> None:
         if self._done:

@@ -8,6 +8,10 @@ largest `chunk_size` (fewest chunks). Within a pool, engines are ordered by free
 steps of 5%, most first), then by load (running and waiting as last reported, plus this
 gateway's own requests open on it, which are fresher), then by a turn that rotates with
 every request, so that idle engines share the work instead of the first one taking it all.
+When some engine's prefix cache holds part of the prompt (`cached_share`, from the
+gateway's prefix index), load decides instead, less CACHE_AFFINITY_REQUESTS times the share
+each engine holds: questions about one document go where its KV is, until that engine has
+a few more requests than another, when the other takes them (and caches the document too).
 Those whose last heartbeat reported them past their KV admission limit or with their queue
 full come last rather than not at all, since a heartbeat is up to a second old and the
 engine's own admission check is the one that counts (a refusal costs one round trip). Both
@@ -19,6 +23,9 @@ from enum import Enum
 
 # free KV is compared in steps of 1/KV_STEPS: within a step, load decides
 KV_STEPS = 20
+# what holding a whole prompt's prefix is worth, in requests of load: an engine that holds
+# it is preferred until it has this many more requests than one that does not
+CACHE_AFFINITY_REQUESTS = 4
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,8 @@ class EngineView:
     max_waiting: int  # ... and while this many are queued
     heartbeat_ttl_s: float  # how long its entry outlives its last refresh
     adapters: tuple[str, ...] = ()
+    block_size: int = 0  # tokens per KV block, the unit of its prefix-cache hashes; 0: no prefix cache
+    incarnation: str = ""  # changes when the engine restarts (and its cache empties)
 
     @classmethod
     def from_entry(cls, engine_id: str, entry: dict) -> "EngineView | None":
@@ -59,11 +68,13 @@ class EngineView:
                 max_waiting=int(entry["max_waiting"]),
                 heartbeat_ttl_s=float(entry["heartbeat_ttl_s"]),
                 adapters=tuple(str(a) for a in entry.get("adapters", ())),
+                block_size=int(entry.get("block_size", 0)) if entry.get("prefix_caching") else 0,
+                incarnation=str(entry.get("incarnation", "")),
             )
         except (KeyError, TypeError, ValueError):
             return None
         sane = (view.chunk_size > 0 and view.max_model_len > 0 and 0.0 <= view.kv_admission_limit <= 1.0
-                and view.max_waiting >= 0 and view.heartbeat_ttl_s > 0)  # NaN fails every comparison
+                and view.max_waiting >= 0 and view.heartbeat_ttl_s > 0 and view.block_size >= 0)  # NaN fails every comparison
         return view if sane else None
 
 
@@ -90,9 +101,11 @@ class RoutePlan:
 
 
 def plan_route(engines: list[EngineView], prompt_tokens: int, max_tokens: int,
-               open_requests: dict[str, int] | None = None, turn: int = 0) -> RoutePlan:
+               open_requests: dict[str, int] | None = None, turn: int = 0,
+               cached_share: dict[str, float] | None = None) -> RoutePlan:
     """`open_requests`: this gateway's requests open per engine id; `turn`: a number that
-    changes from one request to the next (it rotates the order of otherwise equal engines)."""
+    changes from one request to the next (it rotates the order of otherwise equal engines);
+    `cached_share`: per engine id, the share of the prompt its prefix cache holds (0..1)."""
     if not engines:
         return RoutePlan(refusal=Refusal.NO_ENGINES)
     needed = prompt_tokens + max_tokens
@@ -108,10 +121,19 @@ def plan_route(engines: list[EngineView], prompt_tokens: int, max_tokens: int,
         if not fitting:
             continue
         ids = sorted(e.engine_id for e in fitting)
-        fitting.sort(key=lambda e: (
-            _reported_full(e), -round(e.free_kv_fraction * KV_STEPS),
-            e.running + e.waiting + (open_requests or {}).get(e.engine_id, 0), (ids.index(e.engine_id) - turn) % len(ids),
-        ))
+        share = {e.engine_id: (cached_share or {}).get(e.engine_id, 0.0) for e in fitting}
+
+        def load(e: EngineView) -> int:
+            return e.running + e.waiting + (open_requests or {}).get(e.engine_id, 0)
+
+        def rotation(e: EngineView) -> int:
+            return (ids.index(e.engine_id) - turn) % len(ids)
+
+        if any(share.values()):
+            fitting.sort(key=lambda e: (_reported_full(e), load(e) - CACHE_AFFINITY_REQUESTS * share[e.engine_id],
+                                        -e.free_kv_fraction, rotation(e)))
+        else:
+            fitting.sort(key=lambda e: (_reported_full(e), -round(e.free_kv_fraction * KV_STEPS), load(e), rotation(e)))
         routes.append(PoolRoute(pool, chunk_size, tuple(fitting)))
     if not routes:
         return RoutePlan(refusal=Refusal.NEVER_FITS, max_context=max_context)

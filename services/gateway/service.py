@@ -26,7 +26,9 @@ from services.gateway.engine_client import EngineConnections
 from services.gateway.errors import OpenAIError, invalid_request, overloaded
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_schema import SamplingFields
+from services.gateway.kv_event_listener import KVEventListener
 from services.gateway.outcome import RequestOutcome
+from services.gateway.prefix_index import PrefixIndex
 from services.gateway.registry_view import RegistryView
 from services.gateway.responses import (
     FINISH_REASONS,
@@ -56,6 +58,8 @@ class Gateway:
         self.chunker: ChunkerClient | None = None
         self.accounting = RequestAccounting(settings.release)
         self.metrics = GatewayMetrics()
+        self.prefix_index = PrefixIndex(settings.prefix_index_max_blocks)
+        self.kv_events = KVEventListener(redis_client, settings.release, self.prefix_index)
         self.inflight = 0
         self._accounting_ok = True
         self._tasks: list[asyncio.Task] = []
@@ -69,12 +73,14 @@ class Gateway:
             address = s.chunker_address if "://" in s.chunker_address else f"tcp://{s.chunker_address}"
             self.chunker = ChunkerClient(address, timeout_s=s.chunker_timeout_s)
         await self.registry.refresh()
+        self.kv_events.start()
         self._tasks = [asyncio.create_task(self._refresh_loop()), asyncio.create_task(self._flush_loop())]
 
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.to_thread(self.kv_events.stop)
         await self._flush()
         await self.connections.close()
         if self.chunker is not None:
@@ -89,7 +95,10 @@ class Gateway:
             for engine in self.registry.engines:
                 self.metrics.engines.labels(engine.pool).inc()
             if self.registry.redis_ok:
+                # before any await: no request is routed by the new registry with the old index
+                self.prefix_index.retain({e.engine_id: e.incarnation for e in self.registry.engines})
                 await self.connections.retain({e.address for e in self.registry.engines})
+            self.metrics.prefix_index_blocks.set(len(self.prefix_index))
 
     async def _flush_loop(self) -> None:
         while True:
@@ -158,6 +167,7 @@ class Gateway:
         return Job(
             request_id=f"{prefix}-{uuid.uuid4().hex}", tenant=caller.tenant, model=body.model, prompt_token_ids=prompt_ids,
             sampling=sampling, deadline=time.time() + s.request_timeout_s, adapter=adapter,
+            cache_salt="" if s.share_prefix_cache_across_tenants else caller.tenant,
         )
 
     async def complete(self, body: SamplingFields, job: Job, chat: bool, parent_span):
@@ -231,7 +241,8 @@ class Gateway:
 
     async def _open(self, job: Job, exclude: frozenset[str] = frozenset()):
         return await open_stream(job, self.registry.engines, self.connections, self.tokenizer.pad_token_id,
-                                 exclude=exclude, connect_timeout_s=self.settings.engine_connect_timeout_s)
+                                 exclude=exclude, connect_timeout_s=self.settings.engine_connect_timeout_s,
+                                 prefix_index=self.prefix_index)
 
     async def stream(self, job: Job, shape: "ReplyShape", parent_span, epilogue=None) -> StreamingResponse:
         """Start `job` and answer with its server-sent events. The engine is found before the

@@ -23,6 +23,10 @@ class GatewaySettings:
     zmq_sndhwm: int = 5000
     zmq_rcvhwm: int = 5000
     zmq_linger_ms: int = 1000
+    # prefix-cache-aware routing: block hashes remembered (about 126 bytes each), and whether
+    # tenants share cached prompts (False: each tenant's requests carry its name as cache salt)
+    prefix_index_max_blocks: int = 262_144
+    share_prefix_cache_across_tenants: bool = False
 
     @property
     def model_name(self) -> str:

@@ -131,6 +131,35 @@ def test_registry_entry_as_the_engine_writes_it():
     from engine.registry import EngineProfile, EngineStats, registry_entry
 
     profile = EngineProfile("e1", "10.1.2.3:5555", "long", "a100-80g", "m", 2048, 4, 8192, 8192,
-                            kv_admission_limit=0.8, max_waiting=64, heartbeat_ttl_s=3.0)
+                            kv_admission_limit=0.8, max_waiting=64, heartbeat_ttl_s=3.0, block_size=32, incarnation="i7")
     view = EngineView.from_entry("e1", registry_entry(profile, EngineStats(running=2, waiting=1, kv_usage=0.25)))
-    assert view == EngineView("e1", "10.1.2.3:5555", "long", "m", 2048, 8192, 0.75, 2, 1, 0.8, 64, 3.0)
+    assert view == EngineView("e1", "10.1.2.3:5555", "long", "m", 2048, 8192, 0.75, 2, 1, 0.8, 64, 3.0,
+                              block_size=32, incarnation="i7")
+    uncached = registry_entry(EngineProfile(**{**profile.__dict__, "prefix_caching": False}), EngineStats())
+    assert EngineView.from_entry("e1", uncached).block_size == 0  # no prefix cache: nothing to route by
+
+
+def order(plan) -> list[str]:
+    return [e.engine_id for e in plan.routes[0].engines]
+
+
+def test_the_engine_holding_the_prompt_wins_while_its_extra_load_is_worth_it():
+    engines = [engine("cold", free=0.9, running=0), engine("warm", free=0.5, running=2)]
+    assert order(plan_route(engines, 1000, 10, cached_share={"warm": 0.95})) == ["warm", "cold"]
+    # four more requests than the idle one: the whole prompt's KV is no longer worth the wait
+    busy = [engine("cold", running=0), engine("warm", running=4)]
+    assert order(plan_route(busy, 1000, 10, cached_share={"warm": 0.95})) == ["cold", "warm"]
+    # a larger share beats a smaller one at equal load
+    both = [engine("a"), engine("b")]
+    assert order(plan_route(both, 1000, 10, cached_share={"a": 0.2, "b": 0.9})) == ["b", "a"]
+
+
+def test_nothing_cached_routes_by_free_kv_and_load_as_before():
+    engines = [engine("a", free=0.5), engine("b", free=0.9, running=3)]
+    assert order(plan_route(engines, 100, 10, cached_share={})) == order(plan_route(engines, 100, 10)) == ["b", "a"]
+
+
+def test_an_engine_reported_full_comes_last_even_when_it_holds_the_prompt():
+    engines = [engine("full", free=0.05), engine("other", running=3)]
+    plan = plan_route(engines, 1000, 10, cached_share={"full": 1.0})
+    assert [e.engine_id for _, e in attempts(plan)] == ["other", "full"]
