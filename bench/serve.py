@@ -63,6 +63,32 @@ def make_workload(send_at_s, prompt_tokens: tuple[int, int], max_tokens: tuple[i
     return specs
 
 
+def make_document_workload(send_at_s, documents: int, questions: int, document_tokens: int,
+                           question_tokens: tuple[int, int], max_tokens: tuple[int, int],
+                           rng: np.random.Generator) -> list[RequestSpec]:
+    """Document QA: `documents` documents of `document_tokens` tokens, `questions` questions
+    about each, every prompt the whole document followed by its question. The questions come
+    in rounds, each round asking one question about every document in a fresh random order,
+    so that questions about one document are spread over the run and interleave with the
+    others'. `send_at_s` needs documents x questions times."""
+    if len(send_at_s) != documents * questions:
+        raise ValueError(f"{documents} x {questions} questions need as many send times, got {len(send_at_s)}")
+    texts = [rng.integers(*PROMPT_TOKEN_IDS, size=document_tokens).tolist() for _ in range(documents)]
+    order = [d for _ in range(questions) for d in rng.permutation(documents)]
+    specs = []
+    for at, d in zip(send_at_s, order):
+        question = rng.integers(*PROMPT_TOKEN_IDS, size=int(rng.integers(question_tokens[0], question_tokens[1] + 1))).tolist()
+        specs.append(RequestSpec(float(at), texts[d] + question, int(rng.integers(max_tokens[0], max_tokens[1] + 1))))
+    return specs
+
+
+def poisson_times(qps: float, count: int, rng: np.random.Generator) -> np.ndarray:
+    """`count` arrival offsets of a Poisson process of rate `qps`, the first at 0."""
+    if qps <= 0 or count < 1:
+        raise ValueError(f"qps must be positive and count at least 1, got {qps} and {count}")
+    return np.concatenate([[0.0], np.cumsum(rng.exponential(1.0 / qps, size=count - 1))])
+
+
 # --- talking to the gateway ---------------------------------------------------------------
 
 class CannotBenchmark(Exception):
@@ -140,6 +166,9 @@ async def stream_completion(client: httpx.AsyncClient, url: str, model: str, spe
                         break
                     if event.get("usage"):
                         usage_tokens = event["usage"]["completion_tokens"]
+                        result.prompt_tokens = event["usage"].get("prompt_tokens", 0)
+                        details = event["usage"].get("prompt_tokens_details") or {}
+                        result.cached_tokens = details.get("cached_tokens")
                     choices = event.get("choices") or []
                     if choices and choices[0].get("finish_reason") is None:
                         result.token_times_s.append(clock() - result.started_s)
@@ -224,6 +253,11 @@ def _check_args(args) -> list[float] | None:
         raise BadArguments(f"--qps must be positive, got {args.qps}")
     if args.concurrency_probe is not None and args.concurrency_probe < 1:
         raise BadArguments(f"--concurrency-probe must be at least 1, got {args.concurrency_probe}")
+    if args.documents is not None:
+        if args.qps is None:
+            raise BadArguments("--documents needs --qps (the rate at which the questions arrive)")
+        if args.documents < 1 or args.questions < 1 or args.document_tokens < 1:
+            raise BadArguments("--documents, --questions and --document-tokens must be at least 1")
     if args.plot:
         folder = os.path.dirname(os.path.abspath(args.plot))
         if not os.path.isdir(folder):
@@ -263,7 +297,8 @@ async def _run_mode(args, sweep: list[float] | None) -> dict:
     url = base_url(args.url)
     async with http_client(args.timeout) as client:
         model = await served_model(client, url, args.model)
-        await warm_up(client, url, model, args.prompt_tokens[1], args.max_tokens[1])
+        longest = args.prompt_tokens[1] + (args.document_tokens if args.documents else 0)
+        await warm_up(client, url, model, longest, args.max_tokens[1])
         report = {"url": url, "model": model, "seed": args.seed, "prompt_tokens": list(args.prompt_tokens),
                   "max_tokens": list(args.max_tokens)}
 
@@ -284,7 +319,16 @@ async def _run_mode(args, sweep: list[float] | None) -> dict:
 
                 plot_sweep(levels, args.ttft_limit_ms, args.plot)
             return report
-        if args.concurrency_probe is not None:
+        if args.documents is not None:
+            rng = np.random.default_rng(args.seed)
+            count = args.documents * args.questions
+            specs = make_document_workload(poisson_times(args.qps, count, rng), args.documents, args.questions,
+                                           args.document_tokens, tuple(args.prompt_tokens), tuple(args.max_tokens), rng)
+            results, summary = await measure(client, url, model, specs, f"{count} questions")
+            report |= {"mode": "documents", "qps": args.qps, "documents": args.documents, "questions": args.questions,
+                       "document_tokens": args.document_tokens, **summary}
+            title = f"{args.documents} documents x {args.questions} questions at {args.qps:g} QPS"
+        elif args.concurrency_probe is not None:
             specs = workload(lambda rng: np.zeros(args.concurrency_probe))
             results, summary = await measure(client, url, model, specs, f"{args.concurrency_probe} streams")
             report |= {"mode": "concurrency-probe", "streams": args.concurrency_probe, **streams_at_once(results), **summary}
@@ -308,6 +352,9 @@ def report_lines(report: dict) -> list[str]:
         return [head, *_sweep_lines(report)]
     if report["mode"] == "qps":
         what = f"Poisson arrivals at {report['qps']:g} QPS for {report['duration_s']:g} s"
+    elif report["mode"] == "documents":
+        what = (f"document QA: {report['documents']} documents of {report['document_tokens']} tokens, {report['questions']} "
+                f"questions each (the prompt lengths above are the questions'), Poisson arrivals at {report['qps']:g} QPS")
     else:
         what = (f"{report['streams']} streams opened at once: {report['completed']} completed without error; "
                 f"at most {report['peak_open']} open and {report['peak_streaming']} receiving tokens at one moment")
@@ -325,6 +372,9 @@ def _summary_lines(s: dict) -> list[str]:
         f"({s['output_tokens']} tokens in {s['wall_s']:.2f} s)",
         f"latency (ms)  {'p50':>9}{'p95':>9}{'p99':>9}{'mean':>9}{'max':>9}",
     ]
+    share = s["cached_share"]
+    lines.append(f"prefix cache  {share:.1%} of prompt tokens reported cached" if share is not None
+                 else "prefix cache  the server reported no cached tokens (prompt_tokens_details)")
     for key, name in (("ttft_ms", "TTFT"), ("itl_ms", "inter-token"), ("e2e_ms", "end-to-end"), ("send_lag_ms", "send lag")):
         stats = s[key]
         lines.append(f"  {name:12s}" + "".join(_ms(stats[k]) for k in ("p50", "p95", "p99", "mean", "max")))

@@ -15,6 +15,8 @@ class RequestResult:
     output_tokens: int = 0
     error: str | None = None  # None for success; else its kind: "503", "stream:engine_lost", "ReadTimeout", ...
     error_message: str = ""
+    prompt_tokens: int = 0  # as the server's usage reported them
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens; None when not reported
 
     @property
     def ttft_s(self) -> float | None:
@@ -78,7 +80,15 @@ def summarize(results: list[RequestResult], wall_s: float) -> dict:
         "itl_ms": latency_ms([b - a for r in ok for a, b in zip(r.token_times_s, r.token_times_s[1:])]),
         "e2e_ms": latency_ms([r.ended_s - r.started_s for r in ok]),
         "send_lag_ms": latency_ms([r.started_s - r.send_at_s for r in results]),
+        "cached_share": cached_share(ok),
     }
+
+
+def cached_share(results: list[RequestResult]) -> float | None:
+    """The share of prompt tokens the server reported cached; None when it reported none."""
+    reported = [r for r in results if r.cached_tokens is not None]
+    prompt = sum(r.prompt_tokens for r in reported)
+    return sum(r.cached_tokens for r in reported) / prompt if reported and prompt else None
 
 
 def holds(summary: dict, ttft_limit_ms: float) -> bool:

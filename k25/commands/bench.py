@@ -73,6 +73,11 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a request may take (default 300)")
     p.add_argument("--ttft-limit-ms", type=float, default=100.0, help="the p99 TTFT a sweep level must stay under (default 100)")
+    p.add_argument("--documents", type=int, metavar="D",
+                   help="document QA (with --qps): D documents, --questions about each, every prompt a whole document "
+                   "and then a question of --prompt-tokens tokens; reports the share of prompt tokens served from cache")
+    p.add_argument("--questions", type=int, default=4, metavar="Q", help="questions per document (default 4)")
+    p.add_argument("--document-tokens", type=int, default=2000, help="tokens per document (default 2000)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--plot", metavar="FILE", help="write a PNG of the latencies (or of the sweep)")
     p.set_defaults(handler=run_serve_bench)

@@ -19,8 +19,16 @@ import pytest
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.serve import PROMPT_TOKEN_IDS, RequestSpec, make_workload, poisson_arrivals, stream_completion
-from bench.serve_stats import RequestResult, highest_qps_held, max_overlap, percentile, summarize
+from bench.serve import (
+    PROMPT_TOKEN_IDS,
+    RequestSpec,
+    make_document_workload,
+    make_workload,
+    poisson_arrivals,
+    poisson_times,
+    stream_completion,
+)
+from bench.serve_stats import RequestResult, cached_share, highest_qps_held, max_overlap, percentile, summarize
 from k25.cli import main
 from proto import k25_pb2
 from services.gateway.errors import OpenAIError, overloaded
@@ -185,6 +193,27 @@ def test_a_stream_without_done_or_with_a_non_json_event_is_an_error():
     assert result.error == "bad-event" and "half an event" in result.error_message
 
 
+def test_document_workload_asks_every_document_in_interleaved_rounds():
+    rng = np.random.default_rng(3)
+    specs = make_document_workload(poisson_times(2.0, 12, rng), 3, 4, 100, (5, 9), (2, 2), rng)
+    documents = {tuple(s.prompt_token_ids[:100]) for s in specs}
+    assert len(specs) == 12 and len(documents) == 3
+    order = [sorted(documents).index(tuple(s.prompt_token_ids[:100])) for s in specs]
+    for round_ in range(4):  # each round asks about every document once
+        assert sorted(order[3 * round_: 3 * round_ + 3]) == [0, 1, 2]
+    assert all(5 <= len(s.prompt_token_ids) - 100 <= 9 and s.max_tokens == 2 for s in specs)
+    times = [s.send_at_s for s in specs]
+    assert times[0] == 0.0 and times == sorted(times)
+    with pytest.raises(ValueError, match="need as many send times"):
+        make_document_workload([0.0], 3, 4, 100, (5, 9), (2, 2), rng)
+
+
+def test_cached_share_counts_only_what_the_server_reported():
+    reported = [RequestResult(0, 0, 1, prompt_tokens=100, cached_tokens=80), RequestResult(0, 0, 1, prompt_tokens=100, cached_tokens=0)]
+    assert cached_share(reported) == 0.4
+    assert cached_share([RequestResult(0, 0, 1, prompt_tokens=100)]) is None
+
+
 # --- the command's errors ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("flags, message", [
@@ -197,6 +226,8 @@ def test_a_stream_without_done_or_with_a_non_json_event_is_an_error():
     (["--concurrency-probe", "0"], "--concurrency-probe must be at least 1"),
     (["--qps", "1", "--plot", "/no/such/folder/out.png"], "the folder /no/such/folder does not exist"),
     (["--qps", "1", "--url", "localhost:8000"], "not an http:// or https:// URL"),
+    (["--concurrency-probe", "2", "--documents", "2"], "--documents needs --qps"),
+    (["--qps", "1", "--documents", "2", "--questions", "0"], "must be at least 1"),
 ])
 def test_bad_flags_are_refused_with_a_clear_message(flags, message, capsys):
     assert main(["bench", "serve", *flags]) == 2
@@ -260,6 +291,21 @@ def test_poisson_run_reports_what_the_gateway_counted_and_draws_a_png(stack, tmp
     with Image.open(png) as image:
         assert image.format == "PNG"
         image.verify()
+
+
+@pytest.mark.slow
+def test_document_qa_reports_the_share_of_prompt_served_from_cache(stack):
+    result = bench(stack, "--qps", "4", "--documents", "2", "--questions", "3", "--document-tokens", "160",
+                   "--prompt-tokens", "8", "8", "--max-tokens", "2", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["mode"], report["requests"], report["completed"]) == ("documents", 6, 6)
+    # one engine: at most, each document is computed once and found for its next two questions
+    # (all 10 of its blocks of 16); a question that arrives while its document is still being
+    # computed finds less
+    assert report["cached_share"] is not None and 0 <= report["cached_share"] <= 4 * 160 / (6 * 168)
+    assert "prefix cache" in bench(stack, "--qps", "4", "--documents", "1", "--questions", "1", "--document-tokens", "16",
+                                   "--prompt-tokens", "4", "4", "--max-tokens", "1", "1").stdout
 
 
 @pytest.mark.slow
