@@ -81,6 +81,41 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--plot", metavar="FILE", help="write a PNG of the latencies (or of the sweep)")
     p.set_defaults(handler=run_serve_bench)
+    register_prefix_index(kinds)
+
+
+def register_prefix_index(kinds) -> None:
+    p = kinds.add_parser(
+        "prefix-index",
+        help="the gateway's cache-aware routing index: memory per block, lookup and announcement time",
+        description="Fill the index with distinct block hashes announced by engines (as KV events) and report its memory "
+        "(tracemalloc), the time of a lookup, of an announcement and of forgetting an engine.",
+    )
+    p.add_argument("--blocks", type=int, default=1_000_000, help="distinct block hashes announced (default 1000000)")
+    p.add_argument("--max-blocks", type=int, default=1_000_000, help="the index's bound (default 1000000)")
+    p.add_argument("--engines", type=int, default=4, help="engines announcing, in turn (default 4)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.set_defaults(handler=run_prefix_index_bench)
+
+
+def run_prefix_index_bench(args: argparse.Namespace) -> int:
+    from bench.prefix_index_bench import bench_prefix_index
+
+    if min(args.blocks, args.max_blocks, args.engines) < 1 or args.engines > 1000:
+        print("k25 bench prefix-index: --blocks, --max-blocks and --engines must be at least 1 (and --engines at most 1000)",
+              file=sys.stderr)
+        return 2
+    r = bench_prefix_index(args.blocks, args.max_blocks, args.engines)
+    if args.json:
+        print(json.dumps(r.as_dict()))
+        return 0
+    print(f"index          {r.held_blocks:,} blocks held of {r.announced_blocks:,} announced by {r.engines} engines "
+          f"(bound {r.max_blocks:,}, {r.evicted_blocks:,} evicted)")
+    print(f"memory         {r.memory_bytes / 2**20:.1f} MiB ({r.bytes_per_block:.0f} bytes a block)")
+    print(f"announce       {r.apply_us_per_hash:.2f} us a hash")
+    print(f"lookup         {r.lookup_us:.0f} us for a 256-block prompt (median)")
+    print(f"forget engine  {r.forget_ms:.2f} ms, then a sweep of {r.sweep_ms:.0f} ms in slices")
+    return 0
 
 
 def run_engine_bench(args: argparse.Namespace) -> int:
