@@ -101,7 +101,7 @@ class Scheduler:
                 i += 1
                 continue
             reuse = self._cached_prefix(seq)
-            computed = len(reuse) * self.block_manager.block_size
+            computed = seq.num_computed_tokens + len(reuse) * self.block_manager.block_size
             n = min(seq.num_tokens - computed, budget)
             # leave a block per running sequence for its next token: admitting into the last free
             # blocks would only have the newcomer preempted (and its work thrown away) next step
@@ -121,7 +121,7 @@ class Scheduler:
     def _cached_prefix(self, seq: Sequence) -> list[int]:
         """The cached blocks a waiting sequence can start from. Its last token is always
         computed (its logits give the next token), so only blocks before it count."""
-        if not self.block_manager.prefix_caching:
+        if not self.block_manager.prefix_caching or seq.block_table:
             return []
         block_size = self.block_manager.block_size
         return self.block_manager.cached_prefix(seq.full_block_hashes((seq.num_tokens - 1) // block_size, block_size))
