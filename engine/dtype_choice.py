@@ -6,7 +6,10 @@ the bytes every decode step; one without them emulates bf16 and is several times
 batch sizes above one. Neither the CPU flags nor the torch build tell reliably which kernels
 torch will pick, so `auto` measures: the MLP's matmul at batch 1 (a decode step) and at the
 step's sequence limit (a full decode batch), in both dtypes, best of a few runs each, and takes
-the dtype with the lower sum. The choice is logged with its timings.
+bfloat16 only when its sum is at least MARGIN times lower. On a model or machine where the
+two are close (a tiny model is all overhead) the measurement is noise, and a choice that
+flipped from one start to the next would change what a seeded request samples; near a tie
+float32 (exact) wins. The choice is logged with its timings.
 """
 
 import time
@@ -22,6 +25,9 @@ from engine.linear import Weight
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CPU_CANDIDATES = ("float32", "bfloat16")
 CHOICES = ("auto", *DTYPES)
+# how much faster than float32 another dtype must measure to be chosen (bf16 where it is native
+# is 3-5x faster at these sizes; within 1.5x the difference is noise or emulation)
+MARGIN = 1.5
 
 
 @dataclass(frozen=True)
@@ -35,8 +41,9 @@ class DtypeChoice:
 
 
 def faster_dtype(seconds: dict[str, float]) -> str:
-    """The candidate with the least measured time; float32 wins a tie (it is exact)."""
-    return min(seconds, key=lambda name: (seconds[name], name != "float32"))
+    """The fastest candidate if it beats float32 by MARGIN, else float32 (it is exact)."""
+    fastest = min(seconds, key=lambda name: (seconds[name], name != "float32"))
+    return fastest if seconds[fastest] * MARGIN <= seconds["float32"] else "float32"
 
 
 def choose_dtype(requested: str, device: str, measure: Callable[[str], float]) -> DtypeChoice:
@@ -53,7 +60,7 @@ def choose_dtype(requested: str, device: str, measure: Callable[[str], float]) -
         return DtypeChoice("bfloat16", "auto: bfloat16 on CUDA")
     seconds = {name: measure(name) for name in CPU_CANDIDATES}
     timings = ", ".join(f"{name} {s * 1000:.2f} ms" for name, s in seconds.items())
-    return DtypeChoice(faster_dtype(seconds), f"auto: the faster on this CPU ({timings})")
+    return DtypeChoice(faster_dtype(seconds), f"auto: bfloat16 if {MARGIN}x faster than float32 on this CPU ({timings})")
 
 
 def matmul_seconds(config: ModelConfig, batch_sizes: tuple[int, ...], repeats: int = 5) -> Callable[[str], float]:

@@ -40,6 +40,8 @@ def test_a_set_dtype_or_cuda_needs_no_measurement(requested, device, expected):
     ({"float32": 2.0, "bfloat16": 1.0}, "bfloat16"),
     ({"float32": 1.0, "bfloat16": 3.0}, "float32"),
     ({"float32": 1.0, "bfloat16": 1.0}, "float32"),  # a tie goes to the exact one
+    ({"float32": 1.4, "bfloat16": 1.0}, "float32"),  # ... and so does a lead within the noise (MARGIN)
+    ({"float32": 1.5, "bfloat16": 1.0}, "bfloat16"),
 ])
 def test_auto_on_a_cpu_takes_the_faster_measured_dtype(seconds, expected):
     assert faster_dtype(seconds) == expected
