@@ -73,6 +73,8 @@ class ScalingDecision:
     reason: str  # CamelCase, for the pool's condition
     message: str
     history: tuple[Recommendation, ...]  # pass it back in on the next call
+    forecast_qps: float | None = None  # the predictive policy's expected load at its horizon
+    forecast_horizon_s: float | None = None
 
     @property
     def lacks_data(self) -> bool:

@@ -3,8 +3,9 @@
 - create/resume/update: keep the pool's Deployment as its spec says (the replica count
   stays the autoscaler's);
 - `kubectl scale enginepool`: set the size now, the autoscaler goes on from it;
-- a timer: read QPS from Redis, decide, scale through the Deployment's scale
-  subresource, report status and conditions.
+- a timer: read QPS from Redis (and, for the predictive policy, the QPS series, the
+  engines' queues and the pods' start-up times), decide, scale through the Deployment's
+  scale subresource, report status, conditions and the forecast.
 - delete: remove the Deployment. The owner reference makes Kubernetes' garbage collector
   do the same, also when the operator is down; kopf's timer puts a finalizer on each pool
   anyway, so deleting explicitly costs nothing and does not depend on the collector.
@@ -21,8 +22,10 @@ from common.redis_keys import QpsReading, pool_qps
 from operators.autoscale_policy import PoolObservation, decide
 from operators.config import OperatorConfig
 from operators.deployment import build_deployment, deployment_name, pod_selector
+from operators.pool_signals import pod_signals, qps_series, waiting_requests
 from operators.pool_spec import PoolSpecError, parse_pool_spec
-from operators.pool_status import build_status
+from operators.pool_status import build_status, pool_pods
+from operators.predictive_policy import decide_predictive
 
 ENGINE_POOLS = ("k25.io", "v1alpha1", "enginepools")
 
@@ -80,7 +83,13 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             current = deployment.get("spec", {}).get("replicas") or 0
             ready = deployment.get("status", {}).get("readyReplicas") or 0
             seen = PoolObservation(now, current, min(ready, current), reading.qps, reading.newest_bucket_age_s)
-            decision = decide(pool_spec.scaling_rules(), seen, getattr(memo, "history", ()))
+            history = getattr(memo, "history", ())
+            if pool_spec.autoscaling_policy == "predictive":
+                signals = _read_signals(memo.redis, config, name, pool_pods(name, pods), now, pool_spec)
+                decision = decide_predictive(pool_spec.scaling_rules(), pool_spec.predictive_rules(), seen, signals,
+                                             history)
+            else:
+                decision = decide(pool_spec.scaling_rules(), seen, history)
             if redis_error:
                 decision = dataclasses.replace(decision, message=f"cannot read QPS from Redis ({redis_error}); "
                                                                  f"holding the current size")
@@ -106,6 +115,17 @@ def _read_qps(client, config: OperatorConfig, pool: str, now: float) -> tuple[Qp
         return pool_qps(client, config.release, pool, now, window_s=config.qps_window_s), None
     except redis.RedisError as error:
         return QpsReading(None, None), str(error) or type(error).__name__
+
+
+def _read_signals(client, config: OperatorConfig, pool: str, pods: list[dict], now: float, pool_spec):
+    """The pods' signals always; the series and the queues when Redis answers (without them
+    the forecast is the observed QPS and the queue guard is off)."""
+    signals = pod_signals(pods)
+    try:
+        series = qps_series(client, config.release, pool, now, pool_spec.predictive_rules().fit_window_s)
+        return dataclasses.replace(signals, qps_series=series, waiting=waiting_requests(client, config.release, pool))
+    except redis.RedisError:
+        return signals
 
 
 def _now_iso() -> str:

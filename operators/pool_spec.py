@@ -5,12 +5,14 @@ import re
 from dataclasses import dataclass, field
 
 from operators.autoscale_policy import ScalingRules
+from operators.predictive_policy import PredictiveRules
 
 # KV chunks per GPU by node type (DESIGN.md, Capacity); None: the engine's hardware
 # profile computes it at start
 MAX_CHUNK_PER_GPU = {"A100-40G": 2, "A100-80G": 4, "H100-80G": 8, "H200": None, "CPU": None}
 GPU_TAINT_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 LORA_KERNELS = ("torch", "triton")
+AUTOSCALING_POLICIES = ("predictive", "reactive")
 # `k25 engine --dtype` (k25/commands/engine_settings.py); auto: bfloat16 on CUDA, on a CPU the
 # faster of float32 and bfloat16 measured at start. float16 runs only on CUDA.
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -54,6 +56,8 @@ class EnginePoolSpec:
     target_qps_per_replica: float = 80.0
     scale_up_window_s: float = 0.0
     scale_down_window_s: float = 300.0
+    autoscaling_policy: str = "predictive"
+    queue_depth_per_replica: float = 8.0
     lora: LoraSpec | None = None  # None: adapters off
     # the engines' compute settings (`k25 engine --dtype ...`); None: the engine's default
     dtype: str | None = None
@@ -66,6 +70,9 @@ class EnginePoolSpec:
                             target_qps_per_replica=self.target_qps_per_replica,
                             scale_up_window_s=self.scale_up_window_s,
                             scale_down_window_s=self.scale_down_window_s)
+
+    def predictive_rules(self) -> PredictiveRules:
+        return PredictiveRules(queue_per_replica=self.queue_depth_per_replica)
 
     def initial_replicas(self) -> int:
         wanted = self.min_replicas if self.replicas is None else self.replicas
@@ -98,6 +105,8 @@ def parse_pool_spec(spec: dict) -> EnginePoolSpec:
         target_qps_per_replica=_positive(spec, "targetQPSPerReplica", 80.0),
         scale_up_window_s=_integer(spec, "scaleUpStabilizationSeconds", 0, least=0),
         scale_down_window_s=_integer(spec, "scaleDownStabilizationSeconds", 300, least=0),
+        autoscaling_policy=_autoscaling_policy(spec.get("autoscalingPolicy", "predictive")),
+        queue_depth_per_replica=_positive(spec, "queueDepthPerReplica", 8.0),
         lora=None if spec.get("lora") is None else _lora(spec["lora"]),
         dtype=None if spec.get("dtype") is None else _dtype(spec["dtype"]),
         max_num_batched_tokens=_optional_integer(spec, "maxNumBatchedTokens", least=1),
@@ -113,6 +122,12 @@ def parse_pool_spec(spec: dict) -> EnginePoolSpec:
         raise PoolSpecError("spec.dtype float16 needs a GPU: spec.gpusPerReplica of at least 1 "
                             "(on a CPU use float32, bfloat16 or auto)")
     return parsed
+
+
+def _autoscaling_policy(policy) -> str:
+    if policy not in AUTOSCALING_POLICIES:
+        raise PoolSpecError(f"spec.autoscalingPolicy must be one of {', '.join(AUTOSCALING_POLICIES)}, got {policy!r}")
+    return policy
 
 
 def _dtype(dtype) -> str:

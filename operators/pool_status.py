@@ -9,11 +9,15 @@ from operators.deployment import POOL_LABEL, deployment_name, pod_selector
 def unschedulable_message(pods: list[dict]) -> str | None:
     """The scheduler's reason for the first pod it could not place (e.g. "0/3 nodes are
     available: 3 Insufficient nvidia.com/gpu."), or None when every pod found a node."""
-    for pod in pods:
-        for condition in pod.get("status", {}).get("conditions", []):
-            if (condition.get("type") == "PodScheduled" and condition.get("status") == "False"
-                    and condition.get("reason") == "Unschedulable"):
-                return condition.get("message") or "no node fits the pod"
+    return next(filter(None, map(unschedulable_reason, pods)), None)
+
+
+def unschedulable_reason(pod: dict) -> str | None:
+    """Why the scheduler could not place this pod, or None when it could (or has not tried)."""
+    for condition in pod.get("status", {}).get("conditions", []):
+        if (condition.get("type") == "PodScheduled" and condition.get("status") == "False"
+                and condition.get("reason") == "Unschedulable"):
+            return condition.get("message") or "no node fits the pod"
     return None
 
 
@@ -60,6 +64,9 @@ def build_status(pool_name: str, deployment: dict | None, pods: list[dict], qps:
         status["desiredReplicas"] = decision.replicas
     if qps is not None:
         status["observedQPS"] = round(qps, 2)
+    if decision is not None and decision.forecast_qps is not None:
+        status["forecastQPS"] = round(decision.forecast_qps, 2)
+        status["forecastHorizonSeconds"] = round(decision.forecast_horizon_s)
     return status
 
 

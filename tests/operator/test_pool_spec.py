@@ -33,6 +33,22 @@ def test_scaling_rules_carry_the_spec():
     assert (rules.scale_up_window_s, rules.scale_down_window_s) == (15, 60)
 
 
+def test_the_predictive_policy_is_the_default_and_the_reactive_one_selectable():
+    spec = parse_pool_spec(MINIMAL)
+    assert (spec.autoscaling_policy, spec.predictive_rules().queue_per_replica) == ("predictive", 8.0)
+    chosen = parse_pool_spec({**MINIMAL, "autoscalingPolicy": "reactive", "queueDepthPerReplica": 2.5})
+    assert (chosen.autoscaling_policy, chosen.predictive_rules().queue_per_replica) == ("reactive", 2.5)
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"autoscalingPolicy": "keda"}, "spec.autoscalingPolicy must be one of predictive, reactive"),
+    ({"queueDepthPerReplica": 0}, "spec.queueDepthPerReplica must be a positive number"),
+])
+def test_bad_autoscaling_settings_say_which_field(bad, message):
+    with pytest.raises(PoolSpecError, match=message):
+        parse_pool_spec({**MINIMAL, **bad})
+
+
 @pytest.mark.parametrize("replicas, initial", [(None, 2), (0, 2), (3, 3), (50, 6)])
 def test_initial_replicas_are_spec_replicas_within_bounds(replicas, initial):
     spec = {**MINIMAL, "minReplicas": 2, "maxReplicas": 6}

@@ -65,3 +65,11 @@ def test_transition_time_moves_only_when_the_status_changes():
     status = build_status("h100", DEPLOYMENT, [], 1.0, None, previous, NOW)
     times = {c["type"]: c["lastTransitionTime"] for c in status["conditions"]}
     assert times == {"Ready": EARLIER, "Schedulable": NOW, "ScalingActive": EARLIER}  # kept until a decision
+
+
+def test_a_predictive_decision_shows_its_forecast_and_horizon():
+    decision = ScalingDecision(4, "ScaledUpForForecast", "...", (), forecast_qps=301.234, forecast_horizon_s=121.6)
+    status = build_status("h100", DEPLOYMENT, [pod()], 240.0, decision, [], NOW)
+    assert (status["forecastQPS"], status["forecastHorizonSeconds"]) == (301.23, 122)
+    assert conditions(status)["ScalingActive"] == ("True", "ScaledUpForForecast")
+    assert "forecastQPS" not in build_status("h100", DEPLOYMENT, [pod()], 240.0, STEADY, [], NOW)

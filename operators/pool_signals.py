@@ -1,0 +1,44 @@
+"""What the predictive policy reads besides QPS: the pool's pods (how long each took from
+creation to ready, which ones the scheduler could not place), its per-second QPS series
+(the gateway's buckets) and the requests waiting in its engines (their heartbeats)."""
+
+import datetime
+
+from common.redis_keys import live_engines, qps_bucket_key
+from operators.pool_status import unschedulable_reason
+from operators.predictive_policy import PoolSignals
+
+
+def startup_seconds(pod: dict) -> float | None:
+    """Creation to the Ready condition turning True; None for a pod that is not ready."""
+    created = pod.get("metadata", {}).get("creationTimestamp")
+    for condition in pod.get("status", {}).get("conditions", []):
+        if condition.get("type") == "Ready" and condition.get("status") == "True" and created:
+            since = condition.get("lastTransitionTime")
+            return max(0.0, (_parse(since) - _parse(created)).total_seconds()) if since else None
+    return None
+
+
+def pod_signals(pods: list[dict]) -> PoolSignals:
+    """What the pods say: start-up times of the ready ones, and how many wait for a node."""
+    startups = tuple(s for s in map(startup_seconds, pods) if s is not None)
+    return PoolSignals(startup_s=startups, unschedulable=sum(1 for p in pods if unschedulable_reason(p)))
+
+
+def qps_series(client, release: str, pool: str, now: float, window_s: int) -> tuple[float | None, ...]:
+    """Requests per second for the last `window_s` complete seconds, oldest first; None where
+    no gateway wrote a bucket."""
+    current = int(now)
+    values = client.mget([qps_bucket_key(release, pool, second) for second in range(current - window_s, current)])
+    return tuple(None if value is None else float(value) for value in values)
+
+
+def waiting_requests(client, release: str, pool: str) -> int | None:
+    """Requests waiting in the pool's live engines; None when none of them reports."""
+    counts = [entry.get("waiting") for entry in live_engines(client, release).values() if entry.get("pool") == pool]
+    counts = [count for count in counts if isinstance(count, int) and not isinstance(count, bool)]
+    return sum(counts) if counts else None
+
+
+def _parse(timestamp: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))

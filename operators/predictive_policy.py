@@ -1,0 +1,165 @@
+"""The predictive autoscaling decision: plan for the load expected when a pod started now
+would be ready. A pure function, built on the reactive one; no Kubernetes, no Redis.
+
+- Horizon: the median time the pool's own pods took from creation to ready (a default
+  until one was seen ready).
+- Forecast: the observed QPS plus a trend times the horizon. The trend counts only when
+  both halves of the last `fit_window_s` seconds show it clearly (each half's least-squares
+  slope at least `clear_trend` standard errors from zero, both with the same sign); it is
+  the smaller of the two. A step or a burst shows in one half only and is not extrapolated;
+  a ramp shows in both. The planned load is the larger of the observed QPS and the
+  forecast: a falling forecast never removes capacity that the load needs now.
+- Tolerance: because pods start ahead of the load, a scale-out waits until the planned load
+  is more than the pool's tolerance (10%) above its target, as the HPA does; a scale-down
+  has no band (`down_tolerance`), the scale-down window alone stabilises it.
+- The reactive policy (`autoscale_policy.decide`) then runs on the planned load: cooldown,
+  scale-down window, step limit, [min, max], release of starting pods no longer needed, and
+  holding when QPS data is missing or stale.
+- Queue guard (only adds): while more than `queue_per_replica` requests wait per ready
+  engine and every planned pod is ready, the pods serve less than the target says, and the
+  plan is one pod more than are ready (the scale-down window then keeps it like any plan). While pods
+  are missing, the pool starts extra pods, `hedge` for each pod the plan still lacks ready, at
+  most `max_hedge_pods`. Start-up times are spread (one to five minutes), so the first of
+  more pods are ready sooner; the extra ones go, starting ones first, as the plan's pods
+  become ready and the queue drains.
+- Nodes: while the scheduler reports a pod of the pool Unschedulable, the pool does not
+  grow; pods that already wait for a node keep waiting (a cluster autoscaler may add one).
+"""
+
+import dataclasses
+import math
+import statistics
+from dataclasses import dataclass
+
+from operators.autoscale_policy import PoolObservation, Recommendation, ScalingDecision, ScalingRules, decide
+
+SCALED_UP = ("ScaledUp", "ScaleUpLimited")
+
+
+@dataclass(frozen=True)
+class PredictiveRules:
+    fit_window_s: int = 240  # within the gateway's bucket TTL (300 s)
+    min_points: int = 20  # seconds with data per half below which there is no trend
+    clear_trend: float = 3.0  # standard errors
+    default_startup_s: float = 180.0
+    down_tolerance: float = 0.0
+    queue_per_replica: float | None = 8.0  # None: no queue guard
+    hedge: float = 4.0  # extra pods per pod the plan still lacks ready...
+    max_hedge_pods: int = 10  # ...but no more than this many
+
+    def __post_init__(self):
+        if not 2 <= self.min_points <= self.fit_window_s // 2:
+            raise ValueError(f"need 2 <= min_points <= fit_window_s / 2, got {self.min_points} and "
+                             f"{self.fit_window_s}")
+        if min(self.clear_trend, self.default_startup_s, self.hedge, self.max_hedge_pods) < 0:
+            raise ValueError("clear_trend, default_startup_s, hedge and max_hedge_pods must not be negative")
+        if not 0 <= self.down_tolerance < 1:
+            raise ValueError(f"down_tolerance must be in [0, 1), got {self.down_tolerance}")
+        if self.queue_per_replica is not None and not self.queue_per_replica > 0:
+            raise ValueError(f"queue_per_replica must be positive, got {self.queue_per_replica}")
+
+
+@dataclass(frozen=True)
+class PoolSignals:
+    """What the predictive policy reads besides the reactive observation."""
+    qps_series: tuple[float | None, ...] = ()  # requests per second, oldest first, up to the last
+    # complete second; None: no data for that second
+    startup_s: tuple[float, ...] = ()  # creation to ready, for the pool's pods seen ready
+    waiting: int | None = None  # requests waiting in the pool's engines; None: no heartbeat
+    unschedulable: int = 0  # the pool's pods that the scheduler could not place
+
+
+@dataclass(frozen=True)
+class Forecast:
+    qps: float  # expected QPS at the horizon
+    horizon_s: float
+    trend: float  # QPS per second; 0 when none is clear
+
+
+def startup_estimate(predictive: PredictiveRules, samples: tuple[float, ...]) -> float:
+    return statistics.median(samples) if samples else predictive.default_startup_s
+
+
+def forecast(predictive: PredictiveRules, series: tuple[float | None, ...], level: float,
+             horizon_s: float) -> Forecast:
+    recent = series[-predictive.fit_window_s:]
+    half = len(recent) // 2
+    halves = [[(x, y) for x, y in enumerate(part) if y is not None] for part in (recent[:half], recent[half:])]
+    if min(len(points) for points in halves) < predictive.min_points:
+        return Forecast(level, horizon_s, 0.0)
+    (first, first_error), (second, second_error) = (_slope(points) for points in halves)
+    clear = (abs(first) > predictive.clear_trend * first_error and abs(second) > predictive.clear_trend * second_error
+             and first * second > 0)
+    trend = min(first, second, key=abs) if clear else 0.0
+    return Forecast(max(0.0, level + trend * horizon_s), horizon_s, trend)
+
+
+def _slope(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """The least-squares slope through the points and its standard error."""
+    n = len(points)
+    mean_x = sum(x for x, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    spread = sum((x - mean_x) ** 2 for x, _ in points)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / spread
+    residual = sum((y - mean_y - slope * (x - mean_x)) ** 2 for x, y in points)
+    return slope, math.sqrt(residual / (n - 2) / spread)
+
+
+def decide_predictive(rules: ScalingRules, predictive: PredictiveRules, seen: PoolObservation,
+                      signals: PoolSignals, history: tuple[Recommendation, ...] = ()) -> ScalingDecision:
+    if seen.qps is None:
+        return decide(rules, seen, history)  # holds, and says why
+    expected = forecast(predictive, signals.qps_series, seen.qps, startup_estimate(predictive, signals.startup_s))
+    planned = max(seen.qps, expected.qps)
+    serves = seen.replicas * rules.target_qps_per_replica
+    if serves < planned <= serves * (1 + rules.tolerance):
+        planned = serves  # within the tolerance above target: no scale-out yet
+    queueing = _queueing(predictive, seen, signals)
+    # every planned pod is ready and requests still queue: they serve less than the target
+    # says, so one pod more than are ready (the one already starting, if any, is kept)
+    saturated = queueing and math.ceil(planned / rules.target_qps_per_replica) <= seen.ready_replicas
+    bumped = max(seen.replicas, seen.ready_replicas + 1) * rules.target_qps_per_replica if saturated else planned
+    decision = decide(dataclasses.replace(rules, tolerance=predictive.down_tolerance),
+                      dataclasses.replace(seen, qps=bumped), history)
+    if decision.lacks_data:
+        return decision
+    replicas, reason = decision.replicas, decision.reason
+    if reason in SCALED_UP and (saturated or expected.qps > seen.qps):
+        reason += "ForQueue" if saturated else "ForForecast"
+    hedged = _hedge(rules, predictive, seen, planned) if queueing else 0
+    if hedged > replicas:
+        replicas, reason = hedged, "QueueGuard"
+    if replicas > max(seen.replicas, rules.min_replicas) and signals.unschedulable:
+        replicas, reason = max(seen.replicas, rules.min_replicas), "NodesFull"  # minReplicas still wins
+    message = _describe(rules, predictive, seen, signals, expected, bumped, replicas)
+    return dataclasses.replace(decision, replicas=replicas, reason=reason, message=message,
+                               forecast_qps=expected.qps, forecast_horizon_s=expected.horizon_s)
+
+
+def _queueing(predictive: PredictiveRules, seen: PoolObservation, signals: PoolSignals) -> bool:
+    return (predictive.queue_per_replica is not None and signals.waiting is not None
+            and signals.waiting > predictive.queue_per_replica * max(seen.ready_replicas, 1))
+
+
+def _hedge(rules: ScalingRules, predictive: PredictiveRules, seen: PoolObservation, planned: float) -> int:
+    """The plan's replicas plus extra ones for those not ready yet, within the step limit and max."""
+    need = math.ceil(planned / rules.target_qps_per_replica)
+    extra = min(math.ceil(predictive.hedge * max(0, need - seen.ready_replicas)), predictive.max_hedge_pods)
+    step_limit = max(math.floor(seen.replicas * rules.max_step_factor), seen.replicas + 1)
+    return min(need + extra, step_limit, rules.max_replicas)
+
+
+def _describe(rules: ScalingRules, predictive: PredictiveRules, seen: PoolObservation, signals: PoolSignals,
+              expected: Forecast, planned: float, replicas: int) -> str:
+    learned = (f"median start-up of {len(signals.startup_s)} pods" if signals.startup_s
+               else "default start-up, no pod seen ready yet")
+    parts = [f"{seen.qps:.1f} QPS now, forecast {expected.qps:.1f} in {expected.horizon_s:.0f}s "
+             f"({learned}; trend {expected.trend:+.2f} QPS/s)"]
+    if signals.waiting is not None and predictive.queue_per_replica is not None:
+        parts.append(f"{signals.waiting} requests waiting (guard above {predictive.queue_per_replica:g} "
+                     f"per ready replica)")
+    if signals.unschedulable:
+        parts.append(f"{signals.unschedulable} pods wait for a node, so the pool does not grow")
+    starting = f", {seen.starting} starting" if seen.starting else ""
+    return (", ".join(parts) + f"; plans for {planned:.1f} QPS at {rules.target_qps_per_replica:g} per replica; "
+            f"{seen.replicas} requested ({seen.ready_replicas} ready{starting}) -> {replicas}")
