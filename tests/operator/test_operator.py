@@ -7,6 +7,7 @@ pods as ready, the other adds pods the scheduler could not place.
 
 import asyncio
 import contextlib
+import datetime
 import math
 import threading
 import time
@@ -17,7 +18,7 @@ import kubernetes
 import pytest
 import redis
 
-from common.redis_keys import BUCKET_TTL_S, qps_bucket_key
+from common.redis_keys import BUCKET_TTL_S, qps_bucket_key, register_engine
 from operators.config import OperatorConfig
 from operators.kube import KubeApi
 from operators.runtime import PEERING_NAME, build_registry, operator_memo, operator_settings
@@ -56,6 +57,32 @@ def set_qps(redis_url: str, config: OperatorConfig, pool: str, qps: int) -> None
         pipe.set(qps_bucket_key(config.release, pool, second), qps, ex=BUCKET_TTL_S)
     pipe.execute()
     client.close()
+
+
+def set_ramp(redis_url: str, config: OperatorConfig, pool: str, start: int, per_second: int, peak: int) -> None:
+    """The gateway's buckets for a load that has risen by `per_second` each second for the
+    last four minutes and goes on rising, up to `peak`, for the next ten."""
+    client = redis.Redis.from_url(redis_url)
+    now = math.floor(time.time())
+    pipe = client.pipeline()
+    for second in range(now - 240, now + 600):
+        pipe.set(qps_bucket_key(config.release, pool, second), min(peak, start + per_second * (second - now + 240)),
+                 ex=BUCKET_TTL_S)
+    pipe.execute()
+    client.close()
+
+
+async def add_ready_pod(cluster, pool: str, name: str, startup_s: int) -> None:
+    """A pod of the pool that became ready `startup_s` after its creation."""
+    created = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+    ready = created + datetime.timedelta(seconds=startup_s)
+    await cluster.post(f"/api/v1/namespaces/{NS}/pods", json={
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "labels": {"k25.io/pool": pool},
+                     "creationTimestamp": created.isoformat().replace("+00:00", "Z")},
+        "status": {"phase": "Running", "conditions": [
+            {"type": "Ready", "status": "True", "lastTransitionTime": ready.isoformat().replace("+00:00", "Z")}]},
+    })
 
 
 @contextlib.asynccontextmanager
@@ -139,6 +166,53 @@ async def test_qps_above_80_per_replica_scales_out_and_a_fall_scales_in_after_th
                        "the long window is holding")
         assert replicas(cluster, "patient") == 6
         assert condition(cluster, "h100", "Ready")["status"] == "True"
+
+
+async def test_a_ramping_pool_gets_its_pods_before_the_load_arrives_and_shows_the_forecast(
+        cluster, operator, redis_server):
+    """The pool's pods took 240 s to become ready, so it plans for the load 240 s ahead; the
+    reactive pool beside it plans for the load now."""
+    peak = 1100
+    await create_pool(cluster, "ramp", {**H100, "minReplicas": 2, "maxReplicas": 20})
+    await create_pool(cluster, "now", {**H100, "minReplicas": 2, "maxReplicas": 20, "autoscalingPolicy": "reactive"})
+    for index in range(3):
+        await add_ready_pod(cluster, "ramp", f"ramp-engine-old{index}", startup_s=240)
+    async with pods_become_ready(cluster, "ramp-engine"), pods_become_ready(cluster, "now-engine"):
+        for pool in ("ramp", "now"):
+            set_ramp(redis_server, operator, pool, start=300, per_second=1, peak=peak)
+
+        def ahead():
+            status = (stored(cluster, POOLS, "ramp") or {}).get("status", {})
+            qps, forecast = status.get("observedQPS"), status.get("forecastQPS")
+            planned = replicas(cluster, "ramp")
+            # capacity, at 80 per replica, for at least 200 QPS more than arrive now, before the peak
+            return (forecast is not None and qps is not None and qps < peak and planned * 80 >= qps + 200
+                    and status)
+
+        status = await wait_for(ahead, "the ramping pool has pods for the load to come")
+        assert status["forecastHorizonSeconds"] == 240  # learned from its pods
+        assert status["forecastQPS"] == pytest.approx(status["observedQPS"] + 240, abs=1)  # 1 QPS more each second
+        scaling = condition(cluster, "ramp", "ScalingActive")
+        assert "median start-up of 3 pods" in scaling["message"] and "trend +1.00 QPS/s" in scaling["message"]
+
+        def reactive_settled():
+            status = (stored(cluster, POOLS, "now") or {}).get("status", {})
+            qps = status.get("observedQPS")
+            return qps is not None and status.get("desiredReplicas") == math.ceil(qps / 80) and status
+
+        status = await wait_for(reactive_settled, "the reactive pool plans for the load now")
+        assert "forecastQPS" not in status
+
+
+async def test_requests_waiting_in_ready_engines_add_pods(cluster, operator, redis_server):
+    await create_pool(cluster, "busy", {**H100, "minReplicas": 5})
+    async with pods_become_ready(cluster, "busy-engine"):
+        set_qps(redis_server, operator, "busy", 400)  # 80 per replica of 5: the QPS alone wants no more
+        client = redis.Redis.from_url(redis_server)
+        register_engine(client, operator.release, "busy-1", {"pool": "busy", "waiting": 300}, ttl_s=120)
+        client.close()
+        await wait_for(lambda: (replicas(cluster, "busy") or 0) > 5, "the queue adds a pod")
+        assert "300 requests waiting" in condition(cluster, "busy", "ScalingActive")["message"]
 
 
 async def test_deleting_the_pool_deletes_its_deployment(cluster, operator):
