@@ -1,24 +1,31 @@
 """Simulated time for comparing autoscalers: the same request trace and the same pool of
-GPU pods (each takes 60-300 s to become ready, then serves a fixed QPS) driven once by
-K25's policy and once by the Kubernetes HPA algorithm.
+GPU pods (each takes 60-300 s to become ready, then serves a fixed QPS) driven by each
+autoscaler in turn: K25's predictive policy (the default), its reactive one, the
+Kubernetes HPA on QPS and queue-depth scaling as KEDA setups run it.
 
-Each simulated second: requests arrive and ready pods serve up to their capacity; every
-`period_s` the autoscaler reads the mean QPS of the last `qps_window_s` seconds (what
-`common.redis_keys.pool_qps` returns to the operator) and sets the replica count. A
-scale-down removes pods that are still starting before ready ones, newest first, as a
-ReplicaSet does. A pod holds its GPUs from creation to removal.
+Each simulated second: requests arrive and ready pods serve up to their capacity; what
+they cannot serve waits in the engines' queues (up to `max_waiting_per_pod` each, the rest
+is refused). Every `period_s` an autoscaler sees the pool (`PoolView`: the mean QPS of the
+last `qps_window_s` seconds as `common.redis_keys.pool_qps` gives it to the operator, the
+per-second series, the start-up times of the pods that exist, the waiting requests) and
+sets the replica count. A scale-down removes pods that are still starting before ready
+ones, newest first, as a ReplicaSet does. A pod holds its GPUs from creation to removal.
 """
 
 import bisect
+import itertools
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from bench.hpa_model import HorizontalPodAutoscaler
-from bench.load_trace import TraceShape, request_counts
+from bench.load_trace import request_counts
 from operators.autoscale_policy import PoolObservation, Recommendation, ScalingRules, decide
+from operators.predictive_policy import PoolSignals, PredictiveRules, decide_predictive
 
 K25_PERIOD_S = 5.0  # the operator's autoscaling timer
+POLICIES = ("predictive", "reactive", "hpa", "queue-depth")
 
 
 @dataclass(frozen=True)
@@ -30,6 +37,20 @@ class CapacityModel:
     max_replicas: int = 64
     target_qps_per_pod: float = 80.0
     qps_window_s: int = 10
+    max_waiting_per_pod: int = 256
+    keda_waiting_per_pod: float = 10.0  # the queue-depth baseline's target
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """What an autoscaler sees at one sync."""
+    now: float
+    qps: float  # mean of the last qps_window_s seconds
+    replicas: int  # requested: ready and starting
+    ready: int
+    counts: np.ndarray  # requests in each second so far, oldest first
+    startup_s: tuple[float, ...]  # creation to ready of the pods that exist and are ready
+    waiting: int  # requests waiting in the ready pods' queues
 
 
 @dataclass
@@ -50,47 +71,76 @@ class Outcome:
         }
 
 
-class K25Autoscaler:
-    """Our policy with the operator's loop around it, which keeps the recommendation history."""
+class ReactiveAutoscaler:
+    """Today's policy with the operator's loop around it, which keeps the recommendation history."""
 
     def __init__(self, rules: ScalingRules, period_s: float = K25_PERIOD_S):
         self.rules, self.period_s = rules, period_s
         self.history: tuple[Recommendation, ...] = ()
 
-    def step(self, now: float, qps: float, replicas: int, ready: int) -> int:
-        decision = decide(self.rules, PoolObservation(now, replicas, ready, qps, qps_age_s=1.0), self.history)
+    def step(self, view: PoolView) -> int:
+        decision = decide(self.rules, _observation(view), self.history)
+        self.history = decision.history
+        return decision.replicas
+
+
+class PredictiveAutoscaler:
+    def __init__(self, rules: ScalingRules, predictive: PredictiveRules = PredictiveRules(),
+                 period_s: float = K25_PERIOD_S):
+        self.rules, self.predictive, self.period_s = rules, predictive, period_s
+        self.history: tuple[Recommendation, ...] = ()
+
+    def step(self, view: PoolView) -> int:
+        series = tuple(view.counts[-self.predictive.fit_window_s:].tolist())
+        signals = PoolSignals(qps_series=series, startup_s=view.startup_s, waiting=view.waiting)
+        decision = decide_predictive(self.rules, self.predictive, _observation(view), signals, self.history)
         self.history = decision.history
         return decision.replicas
 
 
 class HpaAutoscaler:
-    """The HPA sees the Deployment's status.replicas: every pod that exists, ready or not."""
+    """The HPA on QPS sees the Deployment's status.replicas: every pod that exists, ready or not."""
 
     def __init__(self, hpa: HorizontalPodAutoscaler):
         self.hpa, self.period_s = hpa, hpa.period_s
 
-    def step(self, now: float, qps: float, replicas: int, ready: int) -> int:
-        return self.hpa.step(now, qps, spec_replicas=replicas, status_replicas=replicas)
+    def step(self, view: PoolView) -> int:
+        return self.hpa.step(view.now, view.qps, spec_replicas=view.replicas, status_replicas=view.replicas)
+
+
+class QueueDepthAutoscaler(HpaAutoscaler):
+    """KEDA's way with an engine queue metric (e.g. vLLM's num_requests_waiting): the HPA
+    algorithm with an AverageValue target of waiting requests per pod."""
+
+    def step(self, view: PoolView) -> int:
+        return self.hpa.step(view.now, float(view.waiting), spec_replicas=view.replicas,
+                             status_replicas=view.replicas)
+
+
+def _observation(view: PoolView) -> PoolObservation:
+    return PoolObservation(view.now, view.replicas, view.ready, view.qps, qps_age_s=1.0)
 
 
 def simulate(counts: np.ndarray, autoscaler, capacity: CapacityModel, seed: int) -> Outcome:
     rng = np.random.default_rng(seed + 1)  # pod start times: the same sequence for every autoscaler
-    ready_at: list[float] = [0.0] * capacity.min_replicas  # sorted; the pool starts warm
+    # (ready_at, created, serial), sorted; the pool starts warm, its pods' start-ups already seen
+    serials = itertools.count()
+    pods = sorted((0.0, -rng.uniform(*capacity.start_s), next(serials)) for _ in range(capacity.min_replicas))
     replicas = np.zeros(len(counts), dtype=np.int32)
     ready = np.zeros(len(counts), dtype=np.int32)
+    waiting = 0.0
     next_sync = float(capacity.qps_window_s)
     for now in range(len(counts)):
-        n_ready = bisect.bisect_right(ready_at, now)
+        n_ready = bisect.bisect_right(pods, (now, math.inf))
         if now >= next_sync:
-            qps = float(counts[now - capacity.qps_window_s:now].mean())
-            wanted = autoscaler.step(float(now), qps, len(ready_at), n_ready)
-            if wanted > len(ready_at):
-                for _ in range(wanted - len(ready_at)):
-                    bisect.insort(ready_at, now + rng.uniform(*capacity.start_s))
-            del ready_at[wanted:]  # starting pods first, then the most recently ready
-            n_ready = bisect.bisect_right(ready_at, now)
+            view = PoolView(float(now), float(counts[now - capacity.qps_window_s:now].mean()), len(pods), n_ready,
+                            counts[:now], tuple(r - c for r, c, _ in pods[:n_ready]), int(waiting))
+            pods = _resize(pods, autoscaler.step(view), now, n_ready, capacity, rng, serials)
+            n_ready = bisect.bisect_right(pods, (now, math.inf))
             next_sync = now + autoscaler.period_s
-        replicas[now], ready[now] = len(ready_at), n_ready
+        replicas[now], ready[now] = len(pods), n_ready
+        waiting = min(max(0.0, waiting + counts[now] - n_ready * capacity.pod_qps),
+                      n_ready * capacity.max_waiting_per_pod)
     excess = counts - ready * capacity.pod_qps
     return Outcome(
         seconds_over_capacity=int((excess > 0).sum()),
@@ -102,21 +152,42 @@ def simulate(counts: np.ndarray, autoscaler, capacity: CapacityModel, seed: int)
     )
 
 
+def _resize(pods: list, wanted: int, now: int, n_ready: int, capacity: CapacityModel, rng, serials) -> list:
+    """Add pods, or remove them as a ReplicaSet does: starting ones first, newest first
+    (among those created in the same second, the last created: nobody knows which will be
+    slowest), then the most recently ready."""
+    if wanted >= len(pods):
+        return sorted(pods + [(now + rng.uniform(*capacity.start_s), float(now), next(serials))
+                              for _ in range(wanted - len(pods))])
+    starting = sorted(pods[n_ready:], key=lambda pod: (pod[1], pod[2]))  # oldest first
+    return sorted(pods[:min(wanted, n_ready)] + starting[:max(0, wanted - n_ready)])
+
+
 def rules_for(capacity: CapacityModel, **overrides) -> ScalingRules:
     return ScalingRules(min_replicas=capacity.min_replicas, max_replicas=capacity.max_replicas,
                         target_qps_per_replica=capacity.target_qps_per_pod, **overrides)
 
 
-def hpa_for(capacity: CapacityModel) -> HorizontalPodAutoscaler:
+def hpa_for(capacity: CapacityModel, target_per_pod: float | None = None) -> HorizontalPodAutoscaler:
     return HorizontalPodAutoscaler(min_replicas=capacity.min_replicas, max_replicas=capacity.max_replicas,
-                                   target_per_pod=capacity.target_qps_per_pod)
+                                   target_per_pod=target_per_pod or capacity.target_qps_per_pod)
 
 
-def compare(seed: int, shape: TraceShape = TraceShape(),
-            capacity: CapacityModel = CapacityModel()) -> tuple[np.ndarray, dict[str, Outcome]]:
+def autoscaler_for(policy: str, capacity: CapacityModel):
+    if policy == "predictive":
+        return PredictiveAutoscaler(rules_for(capacity))
+    if policy == "reactive":
+        return ReactiveAutoscaler(rules_for(capacity))
+    if policy == "hpa":
+        return HpaAutoscaler(hpa_for(capacity))
+    if policy == "queue-depth":
+        return QueueDepthAutoscaler(hpa_for(capacity, target_per_pod=capacity.keda_waiting_per_pod))
+    raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+
+
+def compare(trace: str, duration_s: int, seed: int, capacity: CapacityModel = CapacityModel(),
+            policies: tuple[str, ...] = POLICIES) -> tuple[np.ndarray, dict[str, Outcome]]:
     """Requests per second and each autoscaler's outcome on them."""
-    counts = request_counts(shape, seed)
-    return counts, {
-        "k25": simulate(counts, K25Autoscaler(rules_for(capacity)), capacity, seed),
-        "hpa": simulate(counts, HpaAutoscaler(hpa_for(capacity)), capacity, seed),
-    }
+    counts = request_counts(trace, duration_s, seed)
+    return counts, {policy: simulate(counts, autoscaler_for(policy, capacity), capacity, seed)
+                    for policy in policies}

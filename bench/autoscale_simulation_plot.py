@@ -1,4 +1,4 @@
-"""A PNG of one simulation: for each autoscaler, the load (in pods' worth of requests) and
+"""A PNG of one simulation: for each autoscaler (one panel each), the load (in pods' worth of requests) and
 the pods requested and ready, over the busy hours of the first day (a whole week is too
 dense to read; the titles carry the totals of the whole run)."""
 
@@ -34,7 +34,8 @@ def plot_comparison(counts: np.ndarray, outcomes: dict[str, Outcome], capacity: 
                 label="pods requested")
         ax.step(hours, ready, where="post", color="tab:green", lw=1.2, label="pods ready")
         total = outcome.summary()
-        ax.set_title(f"{name} (whole run): {total['seconds_over_capacity']} s over capacity, "
+        ax.set_title(f"{name} (whole run): {total['seconds_over_capacity']} s and "
+                     f"{total['requests_over_capacity']} requests over capacity, "
                      f"{total['gpu_hours']:.1f} GPU-hours, {total['scale_events']} scale events")
         ax.set_ylabel("pods")
         ax.legend(loc="upper left", fontsize="small")
