@@ -1,6 +1,6 @@
-"""A PNG of one simulation: for each autoscaler (one panel each), the load (in pods' worth of requests) and
-the pods requested and ready, over the busy hours of the first day (a whole week is too
-dense to read; the titles carry the totals of the whole run)."""
+"""A PNG of one simulation, one panel per autoscaler: the load (in pods' worth of
+requests) and the pods requested and ready, over the busy hours of the first day (a whole
+week is too dense to read; the titles carry the totals of the whole run)."""
 
 import matplotlib
 
