@@ -183,17 +183,17 @@ async def test_a_ramping_pool_gets_its_pods_before_the_load_arrives_and_shows_th
 
         def ahead():
             status = (stored(cluster, POOLS, "ramp") or {}).get("status", {})
-            qps, forecast = status.get("observedQPS"), status.get("forecastQPS")
-            planned = replicas(cluster, "ramp")
-            # capacity, at 80 per replica, for at least 200 QPS more than arrive now, before the peak
-            return (forecast is not None and qps is not None and qps < peak and planned * 80 >= qps + 200
-                    and status)
+            qps, planned = status.get("observedQPS"), status.get("desiredReplicas")
+            # learned from its pods (the first decisions may come before the operator saw them),
+            # and capacity, at 80 per replica, for at least 200 QPS more than arrive now, before the peak
+            return (status.get("forecastHorizonSeconds") == 240 and qps is not None and qps < peak
+                    and planned * 80 >= qps + 200 and status)
 
-        status = await wait_for(ahead, "the ramping pool has pods for the load to come")
-        assert status["forecastHorizonSeconds"] == 240  # learned from its pods
+        status = await wait_for(ahead, "the ramping pool plans pods for the load to come")
         assert status["forecastQPS"] == pytest.approx(status["observedQPS"] + 240, abs=1)  # 1 QPS more each second
-        scaling = condition(cluster, "ramp", "ScalingActive")
+        scaling = next(c for c in status["conditions"] if c["type"] == "ScalingActive")
         assert "median start-up of 3 pods" in scaling["message"] and "trend +1.00 QPS/s" in scaling["message"]
+        await wait_for(lambda: replicas(cluster, "ramp") >= status["desiredReplicas"], "the Deployment has them")
 
         def reactive_settled():
             status = (stored(cluster, POOLS, "now") or {}).get("status", {})
@@ -211,8 +211,11 @@ async def test_requests_waiting_in_ready_engines_add_pods(cluster, operator, red
         client = redis.Redis.from_url(redis_server)
         register_engine(client, operator.release, "busy-1", {"pool": "busy", "waiting": 300}, ttl_s=120)
         client.close()
-        await wait_for(lambda: (replicas(cluster, "busy") or 0) > 5, "the queue adds a pod")
-        assert "300 requests waiting" in condition(cluster, "busy", "ScalingActive")["message"]
+        status = await wait_for(lambda: ((stored(cluster, POOLS, "busy") or {}).get("status", {}).get("desiredReplicas")
+                                         or 0) > 5 and stored(cluster, POOLS, "busy")["status"], "the queue adds a pod")
+        scaling = next(c for c in status["conditions"] if c["type"] == "ScalingActive")
+        assert "300 requests waiting" in scaling["message"]
+        await wait_for(lambda: replicas(cluster, "busy") > 5, "the Deployment has it")
 
 
 async def test_deleting_the_pool_deletes_its_deployment(cluster, operator):
