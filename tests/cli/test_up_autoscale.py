@@ -16,6 +16,8 @@ from tests.helpers.gateway_process import http_json, start_stack
 pytestmark = pytest.mark.slow
 
 TARGET_QPS = 2
+# closed-loop senders: one alone fell under the target when the machine was busy (each request slower)
+LOAD_WORKERS = 4
 
 
 @pytest.fixture
@@ -44,21 +46,23 @@ def test_load_adds_an_engine_that_serves_and_the_pool_shrinks_after(stack):
     stop = threading.Event()
     statuses = []
 
-    def load():  # about 3x the target of one engine
+    def load():  # each worker up to 3x the target of one engine; together well above it on a slow, busy machine too
         while not stop.is_set():
             statuses.append(http_json(f"{stack.url}/v1/completions",
                                       {"model": "tiny-random", "prompt": "Hi", "max_tokens": 2})[0])
             time.sleep(1 / (3 * TARGET_QPS))
 
-    worker = threading.Thread(target=load)
-    worker.start()
+    workers = [threading.Thread(target=load) for _ in range(LOAD_WORKERS)]
+    for worker in workers:
+        worker.start()
     try:
         wait_until(lambda: len(engines_in(stack)) == 2, timeout_s=90, interval_s=0.5, what="a second engine")
         new_engine = next(url for name, url in engines_in(stack).items() if name != "engine-default-0")
         wait_until(lambda: requests_served(new_engine) > 0, timeout_s=30, what="the new engine serving requests")
     finally:
         stop.set()
-        worker.join(timeout=30)
+        for worker in workers:
+            worker.join(timeout=30)
     assert set(statuses) == {200}
     wait_until(lambda: re.search(r"engine-default-1\s+stopped", stack.log()),
                timeout_s=60, interval_s=0.5, what="the pool shrinking back to one engine")
