@@ -54,6 +54,8 @@ def engine_args(spec: EnginePoolSpec, pool_name: str, redis_url: str, release: s
                         ("--max-num-seqs", spec.max_num_seqs), ("--gpu-memory-utilization", spec.gpu_memory_utilization)):
         if value is not None:
             args += [flag, str(value)]
+    if not spec.prefix_caching:
+        args.append("--no-prefix-caching")
     if spec.lora is not None:  # with Redis, the engine then loads the versions the rollout state names
         args += ["--max-loras", str(spec.lora.max_loras), "--max-cpu-loras", str(spec.lora.max_cpu_loras),
                  "--max-lora-rank", str(spec.lora.max_lora_rank), "--lora-kernel", spec.lora.kernel,

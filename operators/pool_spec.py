@@ -64,6 +64,7 @@ class EnginePoolSpec:
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
     gpu_memory_utilization: float | None = None
+    prefix_caching: bool = True
 
     def scaling_rules(self) -> ScalingRules:
         return ScalingRules(min_replicas=self.min_replicas, max_replicas=self.max_replicas,
@@ -112,6 +113,7 @@ def parse_pool_spec(spec: dict) -> EnginePoolSpec:
         max_num_batched_tokens=_optional_integer(spec, "maxNumBatchedTokens", least=1),
         max_num_seqs=_optional_integer(spec, "maxNumSeqs", least=1),
         gpu_memory_utilization=_optional_fraction(spec, "gpuMemoryUtilization"),
+        prefix_caching=_boolean(spec, "prefixCaching", True),
     )
     if parsed.min_replicas > parsed.max_replicas:
         raise PoolSpecError(f"spec.minReplicas ({parsed.min_replicas}) must not exceed "
@@ -184,6 +186,13 @@ def _integer(spec: dict, name: str, default: int | None, least: int, path: str =
         raise PoolSpecError(f"{path}.{name} must be an integer, got {value!r}")
     if value < least:
         raise PoolSpecError(f"{path}.{name} must be at least {least}, got {value}")
+    return value
+
+
+def _boolean(spec: dict, name: str, default: bool) -> bool:
+    value = spec.get(name, default)
+    if not isinstance(value, bool):
+        raise PoolSpecError(f"spec.{name} must be true or false, got {value!r}")
     return value
 
 

@@ -160,6 +160,12 @@ def test_the_compute_settings_the_pool_sets_reach_the_engine_as_the_cli_reads_th
         engine.dtype, engine.max_num_batched_tokens, 8, engine.gpu_memory_utilization)
 
 
+def test_prefix_caching_is_on_unless_the_pool_turns_it_off():
+    on = build_parser().parse_args(manifest()["spec"]["template"]["spec"]["containers"][0]["args"][1:])
+    off = build_parser().parse_args(manifest(prefixCaching=False)["spec"]["template"]["spec"]["containers"][0]["args"][1:])
+    assert (on.prefix_caching, off.prefix_caching) == (True, False)
+
+
 def test_a_cpu_pool_gets_its_dtype_on_the_cpu():
     args = manifest(nodeType="CPU", maxChunkPerGpu=1, dtype="float32")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[-4:] == ["--device", "cpu", "--dtype", "float32"]

@@ -143,6 +143,7 @@ def test_the_dtypes_are_the_ones_k25_engine_takes():
     ({"gpuMemoryUtilization": 1.2}, r"spec.gpuMemoryUtilization must be a number in \(0, 1\], got 1.2"),
     ({"gpuMemoryUtilization": "0.9"}, "spec.gpuMemoryUtilization must be a number"),
     ({"gpuMemoryUtilization": True}, "spec.gpuMemoryUtilization must be a number"),
+    ({"prefixCaching": "no"}, "spec.prefixCaching must be true or false, got 'no'"),
 ])
 def test_bad_compute_settings_say_which_field(bad, message):
     with pytest.raises(PoolSpecError, match=message):

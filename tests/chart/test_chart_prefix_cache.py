@@ -1,0 +1,51 @@
+"""Prefix caching through the chart: a pool's `prefixCaching: false` reaches its engines as
+`--no-prefix-caching` (valid against the CRD), and the gateway's routing-index bound and
+tenant sharing reach `k25 gateway` as its parser reads them."""
+
+import pathlib
+
+import yaml
+
+from k25.cli import build_parser
+from operators.deployment import engine_args
+from operators.pool_spec import parse_pool_spec
+from tests.helpers.crd_schema import crd_for, custom_resource_errors
+from tests.helpers.helm_chart import CHART, RELEASE, helm, of_kind, rendered
+
+
+def rendered_with(values_yaml: str, tmp_path: pathlib.Path) -> list[dict]:
+    path = tmp_path / "values.yaml"
+    path.write_text(values_yaml)
+    result = helm("template", RELEASE, str(CHART), "--include-crds", "--values", str(path))
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def gateway_args(objects):
+    deployment = next(d for d in of_kind(objects, "Deployment") if d["metadata"]["name"].endswith("-gateway"))
+    return build_parser().parse_args(deployment["spec"]["template"]["spec"]["containers"][0]["args"][1:])
+
+
+def test_by_default_engines_cache_and_tenants_do_not_share():
+    objects = rendered(None)
+    args = gateway_args(objects)
+    assert (args.prefix_index_max_blocks, args.share_prefix_cache_across_tenants) == (262_144, False)
+    for pool in of_kind(objects, "EnginePool"):
+        assert "prefixCaching" not in pool["spec"]  # the CRD's default: on
+
+
+def test_a_pool_that_turns_caching_off_and_a_gateway_that_shares(tmp_path):
+    objects = rendered_with(yaml.safe_dump({
+        "gateway": {"prefixIndexMaxBlocks": 1000, "sharePrefixCacheAcrossTenants": True},
+        "engine": {"pools": [{"name": "cpu", "nodeType": "CPU", "chunkSize": 256, "maxChunkPerGpu": 4, "gpusPerReplica": 0,
+                              "prefixCaching": False}]},
+    }), tmp_path)
+    args = gateway_args(objects)
+    assert (args.prefix_index_max_blocks, args.share_prefix_cache_across_tenants) == (1000, True)
+    (pool,) = of_kind(objects, "EnginePool")
+    assert pool["spec"]["prefixCaching"] is False
+    crds = of_kind(objects, "CustomResourceDefinition")
+    assert custom_resource_errors(pool, crd_for(pool, crds)) == []
+    # the operator turns the spec into the engine's command line
+    engine = build_parser().parse_args(engine_args(parse_pool_spec(pool["spec"]), "cpu", "redis://r:6379/0", RELEASE)[1:])
+    assert engine.prefix_caching is False
