@@ -24,7 +24,7 @@ def register(subparsers) -> None:
     p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024, help="largest request body (default 8 MiB)")
     p.add_argument("--max-inflight", type=int, default=2048, help="requests in flight before 503 (default 2048)")
     p.add_argument("--prefix-index-max-blocks", type=int, default=262_144,
-                   help="prompt block hashes remembered for cache-aware routing, about 126 bytes each (default 262144)")
+                   help="prompt block hashes remembered for cache-aware routing, about 130-180 bytes each (default 262144)")
     p.add_argument("--share-prefix-cache-across-tenants", action="store_true",
                    help="let tenants' requests reuse each other's cached prompts (default: each tenant's are its own)")
     p.add_argument("--log-level", default="warning", help="uvicorn's access and error log level (default warning)")
