@@ -74,7 +74,8 @@ def test_the_components_run_the_agreed_command_lines():
     assert container(objects, "Deployment", "k25-gateway")["args"] == [
         "k25", "gateway", "--host", "0.0.0.0", "--port", "8000", "--redis-url", "redis://k25-redis:6379/0",
         "--release", "k25", "--model", "/models/SmolLM2-135M-Instruct.Q4_1.gguf",
-        "--served-model-name", "SmolLM2-135M-Instruct.Q4_1", "--chunker-address", "k25-chunker:5600"]
+        "--served-model-name", "SmolLM2-135M-Instruct.Q4_1", "--chunker-address", "k25-chunker:5600",
+        "--prefix-index-max-blocks", "262144"]
     assert container(objects, "Deployment", "k25-chunker")["args"] == [
         "k25", "chunker", "--zmq-port", "5600", "--metrics-port", "9600", "--model", "/models/SmolLM2-135M-Instruct.Q4_1.gguf"]
     assert container(objects, "Deployment", "k25-operator")["args"] == [
