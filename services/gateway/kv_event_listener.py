@@ -28,6 +28,7 @@ class KVEventListener:
         self.retry_s = retry_s
         self.applied = 0
         self.unreadable = 0
+        self._redis_down = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kv-event-listener", daemon=True)
 
@@ -39,20 +40,22 @@ class KVEventListener:
         self._thread.join(timeout=self.retry_s + 5)
 
     def _run(self) -> None:
-        down = False
         while not self._stop.is_set():
             try:
                 self._listen()
             except redis.RedisError as exc:
-                if not down:
+                if not self._redis_down:
                     log.warning("KV events: Redis unreachable (%s); routing on what is known, subscribing again", exc)
-                down = True
+                self._redis_down = True
                 self._stop.wait(self.retry_s)
 
     def _listen(self) -> None:
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)
         try:
             pubsub.subscribe(self.channel)
+            if self._redis_down:
+                log.info("KV events: subscribed again")
+            self._redis_down = False  # each outage is logged once, not only the first
             while not self._stop.is_set():
                 message = pubsub.get_message(timeout=0.5)
                 if message is not None:

@@ -3,13 +3,11 @@
 fields (valid against the CRD), which the operator turns into `k25 engine` flags; left at
 auto / 0 they write nothing and the engine keeps its own defaults."""
 
-import pathlib
-
 import yaml
 
 from k25.cli import build_parser
 from tests.helpers.crd_schema import crd_for, custom_resource_errors
-from tests.helpers.helm_chart import CHART, CI_VALUES, RELEASE, engine_deployments, helm, of_kind, rendered, value_set_id
+from tests.helpers.helm_chart import CHART, CI_VALUES, engine_deployments, of_kind, rendered, rendered_with, value_set_id
 
 FIELDS = ("dtype", "maxNumBatchedTokens", "maxNumSeqs", "gpuMemoryUtilization")
 MANY_POOLS = next(v for v in CI_VALUES if value_set_id(v) == "many-pools")
@@ -27,14 +25,6 @@ def engine_settings(objects) -> dict[str, tuple]:
         settings[deployment["metadata"]["name"].removesuffix("-engine")] = (
             args.dtype, args.max_num_batched_tokens, args.max_num_seqs, args.gpu_memory_utilization, args.device)
     return settings
-
-
-def rendered_with(values_yaml: str, tmp_path: pathlib.Path) -> list[dict]:
-    path = tmp_path / "values.yaml"
-    path.write_text(values_yaml)
-    result = helm("template", RELEASE, str(CHART), "--include-crds", "--values", str(path))
-    assert result.returncode == 0, result.stderr
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
 def test_by_default_no_pool_sets_them_and_the_engines_keep_their_own_defaults():

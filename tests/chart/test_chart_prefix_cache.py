@@ -2,23 +2,13 @@
 `--no-prefix-caching` (valid against the CRD), and the gateway's routing-index bound and
 tenant sharing reach `k25 gateway` as its parser reads them."""
 
-import pathlib
-
 import yaml
 
 from k25.cli import build_parser
 from operators.deployment import engine_args
 from operators.pool_spec import parse_pool_spec
 from tests.helpers.crd_schema import crd_for, custom_resource_errors
-from tests.helpers.helm_chart import CHART, RELEASE, helm, of_kind, rendered
-
-
-def rendered_with(values_yaml: str, tmp_path: pathlib.Path) -> list[dict]:
-    path = tmp_path / "values.yaml"
-    path.write_text(values_yaml)
-    result = helm("template", RELEASE, str(CHART), "--include-crds", "--values", str(path))
-    assert result.returncode == 0, result.stderr
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+from tests.helpers.helm_chart import RELEASE, of_kind, rendered, rendered_with
 
 
 def gateway_args(objects):

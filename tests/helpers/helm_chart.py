@@ -52,6 +52,15 @@ def rendered(values: pathlib.Path | None) -> tuple[dict, ...]:
     return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
 
 
+def rendered_with(values_yaml: str, tmp_path: pathlib.Path) -> list[dict]:
+    """Every object helm template makes with these values (CRDs included); they must be accepted."""
+    path = tmp_path / "values.yaml"
+    path.write_text(values_yaml)
+    result = helm("template", RELEASE, str(CHART), "--include-crds", "--values", str(path))
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
 def render_error(values_yaml: str, tmp_path: pathlib.Path) -> str:
     """helm template with these values must fail; returns what it printed."""
     path = tmp_path / "values.yaml"
