@@ -2,6 +2,9 @@
 
 from dataclasses import dataclass
 
+# kopf keeps this finalizer on every resource we handle (the timers and delete handlers ask for it)
+FINALIZER = "k25.io/operator"
+
 
 @dataclass(frozen=True)
 class OperatorConfig:

@@ -3,7 +3,9 @@
 
 - a timer: read the canary's outcomes over the last interval and the engine registry from
   Redis, decide, write the Redis rollout state when it changed (which announces it to
-  engines and gateways), report status and conditions;
+  engines and gateways), report status and conditions. It writes nothing before kopf
+  has put its finalizer on the rollout: state written for a rollout deleted in that
+  moment would never be removed, since the deletion would not wait for the handler;
 - delete: remove the adapter's rollout state, so that engines unload it and gateways stop
   offering it. An AdapterRollout is the declaration that its adapter is served.
 """
@@ -14,7 +16,7 @@ import kopf
 import redis
 
 from common.rollout_keys import NAME_PATTERN, delete_rollout, versioned_name
-from operators.config import OperatorConfig
+from operators.config import FINALIZER, OperatorConfig
 from operators.rollout_spec import RolloutSpecError, parse_rollout_spec
 from operators.rollout_status import invalid_spec_status, redis_unavailable_status, status_from_dict, status_to_dict
 from operators.rollout_step import describe_state, run_step
@@ -26,7 +28,9 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     on = dict(registry=registry)
 
     @kopf.timer(*ADAPTER_ROLLOUTS, interval=config.interval_s, **on)
-    def step_rollout(spec, status, name, memo, patch, logger, **_):
+    def step_rollout(spec, status, meta, name, memo, patch, logger, **_):
+        if FINALIZER not in meta.get("finalizers", []):
+            return  # the next tick, once a deletion is sure to reach remove_rollout_state
         previous = status.get("conditions", [])
         now = time.time()
         try:

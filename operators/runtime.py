@@ -11,7 +11,7 @@ import kopf
 import redis
 
 from operators import handlers, rollout_handlers
-from operators.config import OperatorConfig
+from operators.config import FINALIZER, OperatorConfig
 from operators.kube import KubeApi
 
 PEERING_NAME = "k25-operator"
@@ -21,7 +21,7 @@ def operator_settings(settings: kopf.OperatorSettings | None = None) -> kopf.Ope
     settings = settings or kopf.OperatorSettings()
     settings.posting.level = logging.WARNING  # Kubernetes events only for what needs a human
     # the timer and the delete handler make kopf keep a finalizer on each pool
-    settings.persistence.finalizer = "k25.io/operator"
+    settings.persistence.finalizer = FINALIZER
     return settings
 
 

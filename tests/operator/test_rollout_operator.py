@@ -176,6 +176,16 @@ async def test_deleting_the_rollout_removes_its_state_from_redis(cluster, operat
     await wait_for(lambda: stored(cluster, ROLLOUTS, "legal") is None, "the rollout goes once the operator let it")
 
 
+async def test_a_rollout_deleted_at_once_leaves_no_state_behind(cluster, operator, redis_server):
+    # deleted before or after kopf puts its finalizer on: either way nothing may stay in Redis
+    await create_rollout(cluster, "legal", SPEC)
+    response = await cluster.delete(f"/apis/k25.io/v1alpha1/namespaces/{NS}/adapterrollouts/legal")
+    assert response.status == 200
+    await wait_for(lambda: stored(cluster, ROLLOUTS, "legal") is None, "the rollout goes")
+    await asyncio.sleep(3 * operator.interval_s)  # ticks that would still write are given their chance
+    assert rollout_state(redis_server) is None
+
+
 async def test_an_invalid_rollout_writes_nothing_and_says_why(cluster, operator, redis_server):
     await create_rollout(cluster, "legal", {**SPEC, "canary": {**SPEC["canary"], "version": "v1"}})
     invalid = await wait_for(lambda: status(cluster, "legal").get("phase") == "Invalid" and status(cluster, "legal"),
