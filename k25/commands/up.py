@@ -1,10 +1,15 @@
 """`k25 up`: the whole stack as local processes on this machine.
 
 A Redis (its own redis-server on a free port unless --redis-url is given), engine
-processes for each pool, the chunker, and the gateway on --host/--port. It prints where each part
-listens, and stops every child on Ctrl-C, on SIGTERM, or as soon as one of them dies.
+processes for each pool (listening on 127.0.0.1 only), the chunker, and the gateway on
+--host/--port. It prints where each part listens. Once the stack is ready, a part that
+exits is started again on the same ports, after a delay that doubles while it keeps
+failing (1 s up to 30 s), as a kubelet restarts a container; a part that exits while the
+stack starts stops it. Ctrl-C or SIGTERM stops everything in order: the engines first
+(each finishes its running requests within --drain-timeout-s), then the gateway and the
+chunker, then Redis.
 With --autoscale, the operator's autoscaling policy starts and stops engines from the
-gateway's QPS, between --engines and --max-engines per pool.
+gateway's QPS, between --engines and --max-engines per pool; an engine it stops stays stopped.
 """
 
 import argparse
@@ -17,8 +22,15 @@ import time
 import urllib.request
 
 from common.model_source import DEFAULT_MODEL
+from k25.restart_policy import describe_exit
 
 STARTUP_TIMEOUT_S = 300
+# what stop_all ends first: engines drain while the gateway can still stream their answers
+ENGINES, FRONT, REDIS = 0, 1, 2
+# beyond an engine's drain timeout, before SIGKILL: its last answers and the unregistering
+DRAIN_MARGIN_S = 5.0
+# from SIGTERM to SIGKILL for the gateway (it gives open responses 5 s), the chunker and Redis
+STOP_GRACE_S = 10.0
 
 
 def _pool(spec: str) -> tuple[str, int]:
@@ -42,6 +54,9 @@ def register(subparsers) -> None:
     p.add_argument("--api-keys-file", default=None, help="passed to the gateway (see `k25 api-key`)")
     p.add_argument("--adapter-root", default=None, help="LoRA adapters load from folders under this one (turns adapters on)")
     p.add_argument("--max-loras", type=int, default=4, help="adapters on each engine at once, with --adapter-root (default 4)")
+    p.add_argument("--drain-timeout-s", type=float, default=25.0,
+                   help="on stop, how long each engine may finish its running requests before it cancels them; "
+                        f"SIGKILL follows {DRAIN_MARGIN_S:.0f} s later (default 25)")
     p.add_argument("--engine-flag", action="append", default=[], metavar="FLAG",
                    help="one more flag for every engine, e.g. --engine-flag=--max-waiting=64; repeatable")
     scaling = p.add_argument_group("autoscaling (the operator's policy, on local engine processes)")
@@ -88,7 +103,7 @@ class LocalStack:
     def check_children(self, when: str) -> None:
         dead = self.group.first_exited()
         if dead is not None:
-            raise _StackFailed(f"{dead.name} exited with code {dead.process.returncode} {when}; "
+            raise _StackFailed(f"{dead.name} exited with {describe_exit(dead.process.returncode)} {when}; "
                                f"stopping the stack. Its log ends with:\n{dead.log_tail()}")
 
     def start_redis(self) -> None:
@@ -102,7 +117,8 @@ class LocalStack:
                 raise _StackFailed("no redis-server on PATH: install Redis (e.g. `apt install redis-server`) "
                                    "or pass --redis-url redis://HOST:PORT/0")
             port = free_port()
-            self.group.spawn("redis", [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            self.group.spawn("redis", [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+                             REDIS, STOP_GRACE_S)
             self.redis_url = f"redis://127.0.0.1:{port}/0"
         self.client = redis.Redis.from_url(self.redis_url, socket_connect_timeout=0.5, socket_timeout=1.0)
         self.wait_for("Redis", self._redis_pings, timeout_s=20)
@@ -113,12 +129,12 @@ class LocalStack:
 
         name = f"engine-{pool}-{self._engine_counter}"
         self._engine_counter += 1
-        metrics_port = free_port()
+        metrics_port = free_port()  # kept when the engine starts again, so its health URL stays valid
         child = self.group.spawn(name, [
             *self._k25, "engine", "--model", self.args.model, "--pool", pool, "--chunk-size", str(chunk_size),
             "--zmq-port", "0", "--metrics-port", str(metrics_port), "--redis-url", self.redis_url,
             "--release", self.args.release, "--engine-id", name, *self._lora_flags(), *self.args.engine_flag,
-        ])
+        ], ENGINES, self.args.drain_timeout_s + DRAIN_MARGIN_S)
         child.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         return child
 
@@ -137,18 +153,42 @@ class LocalStack:
         except redis.RedisError:
             return {}
 
-    def announce(self, child) -> None:
-        child.announced = True
-        entry = self.registered().get(child.name, {})
-        self.say(f"{child.name:<18} pool {entry.get('pool')}, chunk_size {entry.get('chunk_size')}, "
-                 f"tcp://{entry.get('address')}, metrics {child.metrics_url}")
+    def announce_registered(self, engines) -> None:
+        """Print each engine whose registration is new: at first, and after each restart (a new incarnation)."""
+        registered = self.registered()
+        for child in engines:
+            entry = registered.get(child.name)
+            incarnation = (entry or {}).get("incarnation") or "unknown"
+            if entry is None or incarnation == child.announced_incarnation or not child.running:
+                continue
+            child.announced_incarnation = incarnation
+            health_url = child.metrics_url.removesuffix("/metrics") + "/healthz"
+            self.say(f"{child.name:<18} pool {entry.get('pool')}, chunk_size {entry.get('chunk_size')}, "
+                     f"tcp://{entry.get('address')}, health {health_url}, metrics {child.metrics_url}")
+
+    def report(self, event) -> None:
+        self.say(event.message)
+        if event.what == "exited" and event.child.stop_phase == ENGINES:
+            self._unregister(event.child.name)
+
+    def _unregister(self, engine_id: str) -> None:
+        """A dead engine's entry would live on until its TTL; the gateway drops it at once
+        instead, as Kubernetes drops a dead pod from its Service's endpoints."""
+        import redis
+
+        from common.redis_keys import unregister_engine
+
+        try:
+            unregister_engine(self.client, self.args.release, engine_id)
+        except redis.RedisError as exc:
+            self.say(f"{engine_id:<18} could not be removed from the registry ({exc}); its entry expires on its own")
 
     def start_chunker(self) -> str:
         from k25.local_stack import free_port
 
         port, metrics_port = free_port(), free_port()
         self.group.spawn("chunker", [*self._k25, "chunker", "--zmq-port", str(port), "--metrics-port", str(metrics_port),
-                                     "--model", self.args.model])
+                                     "--model", self.args.model], FRONT, STOP_GRACE_S)
         self.wait_for("the chunker", lambda: _http_ok(f"http://127.0.0.1:{metrics_port}/metrics"), timeout_s=60)
         self.say(f"{'chunker':<18} tcp://127.0.0.1:{port}, metrics http://127.0.0.1:{metrics_port}/metrics")
         return f"127.0.0.1:{port}"
@@ -159,7 +199,7 @@ class LocalStack:
                 "--redis-url", self.redis_url, "--release", args.release, "--chunker-address", chunker_address]
         if args.api_keys_file:
             argv += ["--api-keys-file", args.api_keys_file]
-        self.group.spawn("gateway", argv)
+        self.group.spawn("gateway", argv, FRONT, STOP_GRACE_S)
         base = f"http://{args.host}:{args.port}"
         self.wait_for("the gateway", lambda: _http_ok(f"{base}/readyz"), timeout_s=60)
         self.say(f"{'gateway':<18} {base}  (OpenAI base URL {base}/v1, metrics {base}/metrics)")
@@ -197,19 +237,12 @@ def run(args) -> int:
         everyone = [e for pool in local_pools for e in pool.engines]
         stack.say(f"starting {len(everyone)} engine(s) with {args.model} (logs in {log_dir}) ...")
         stack.wait_for("the engines", lambda: {e.name for e in everyone} <= set(stack.registered()))
-        for engine in everyone:
-            stack.announce(engine)
+        stack.announce_registered(everyone)
         stack.start_gateway(stack.start_chunker())
         stack.say("ready; Ctrl-C stops everything")
-        next_decision = time.monotonic()
-        while not stack.stop_requested:
-            stack.check_children("")
-            if args.autoscale and time.monotonic() >= next_decision:
-                for pool in local_pools:
-                    _autoscale(stack, pool)
-                next_decision = time.monotonic() + args.autoscale_interval_s
-            time.sleep(0.2)
-        stack.say("stopping ...")
+        _supervise(stack, local_pools)
+        stack.say(f"stopping: engines first (each finishes its running requests, up to {args.drain_timeout_s:.0f} s), "
+                  "then the gateway and the chunker, then Redis ...")
         return 0
     except _StackFailed as exc:
         if str(exc) == "interrupted":
@@ -217,13 +250,32 @@ def run(args) -> int:
         print(f"k25 up: {exc}", file=sys.stderr, flush=True)
         return 1
     finally:
-        stack.group.stop_all()
+        stack.group.stop_all(stack.report)
         stack.say("stopped")
+
+
+def _supervise(stack: LocalStack, pools) -> None:
+    """Until Ctrl-C or SIGTERM: start again what exits, print engines as they register, autoscale."""
+    next_announcement = next_decision = time.monotonic()
+    while not stack.stop_requested:
+        now = time.monotonic()
+        for event in stack.group.tend(now):
+            stack.report(event)
+        if now >= next_announcement:
+            stack.announce_registered([e for pool in pools for e in pool.engines])
+            next_announcement = now + 1.0
+        if stack.args.autoscale and now >= next_decision:
+            for pool in pools:
+                _autoscale(stack, pool)
+            next_decision = now + stack.args.autoscale_interval_s
+        time.sleep(0.2)
 
 
 def _bad_flags(args, pools) -> str | None:
     if args.engines < 1:
         return "--engines must be at least 1"
+    if args.drain_timeout_s < 0:
+        return "--drain-timeout-s must not be negative"
     if args.autoscale and args.max_engines < args.engines:
         return "--max-engines must be at least --engines"
     if len({name for name, _ in pools}) != len(pools):
@@ -252,9 +304,6 @@ def _autoscale(stack: LocalStack, pool) -> None:
     except redis.RedisError as exc:
         stack.say(f"autoscale {pool.name}: cannot read Redis ({exc}); holding")
         return
-    for engine in pool.engines:
-        if engine.name in ready and not engine.announced:
-            stack.announce(engine)
     decision = step(pool, seen)
     if decision.replicas == len(pool.engines):
         return
@@ -264,8 +313,7 @@ def _autoscale(stack: LocalStack, pool) -> None:
     else:
         for engine in engines_to_stop(pool, ready, len(pool.engines) - decision.replicas):
             pool.engines.remove(engine)
-            stack.group.stop(engine)
-            stack.say(f"{engine.name:<18} stopped")
+            stack.group.stop(engine, time.monotonic())  # `tend` reports it once it has drained
 
 
 def _http_ok(url: str) -> bool:

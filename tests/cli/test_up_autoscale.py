@@ -1,7 +1,9 @@
 """`k25 up --autoscale`: the operator's policy on local engine processes. Load above the
 target per engine adds an engine that then takes traffic; when the load stops, the pool
-shrinks back after the scale-down window."""
+shrinks back after the scale-down window, and the engine it stopped stays stopped while
+one that dies is started again."""
 
+import os
 import re
 import signal
 import threading
@@ -12,6 +14,7 @@ import pytest
 
 from tests.helpers.engine_process import wait_until
 from tests.helpers.gateway_process import http_json, start_stack
+from tests.helpers.up_stack import incarnation, part_pid, redis_client
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +36,7 @@ def stack(tmp_path):
 
 def engines_in(stack) -> dict[str, str]:
     """engine name -> metrics URL, as `k25 up` announced them."""
-    return dict(re.findall(r"k25 up: (engine-\S+)\s+pool .*metrics (http://\S+)", stack.log()))
+    return dict(re.findall(r"k25 up: (engine-\S+)\s+pool .*metrics (http://\S+)$", stack.log(), re.M))
 
 
 def requests_served(metrics_url: str) -> float:
@@ -42,7 +45,7 @@ def requests_served(metrics_url: str) -> float:
     return sum(float(v) for v in re.findall(r"^k25_engine_requests_finished_total\{[^}]*\} (\S+)$", text, re.M))
 
 
-def test_load_adds_an_engine_that_serves_and_the_pool_shrinks_after(stack):
+def test_load_adds_an_engine_that_serves_the_pool_shrinks_after_and_only_a_dead_engine_starts_again(stack):
     stop = threading.Event()
     statuses = []
 
@@ -68,3 +71,11 @@ def test_load_adds_an_engine_that_serves_and_the_pool_shrinks_after(stack):
                timeout_s=60, interval_s=0.5, what="the pool shrinking back to one engine")
     assert "ScaledUp" in stack.log() and "ScaledDown" in stack.log()
     wait_until(lambda: http_json(f"{stack.url}/readyz")[2]["engines"] == 1, what="the gateway seeing one engine")
+    # a death is not a decision: engine-default-0 starts again, the one the policy stopped does not
+    client = redis_client(stack)
+    first = incarnation(client, "engine-default-0")
+    os.kill(part_pid(stack, "engine-default-0"), signal.SIGKILL)
+    wait_until(lambda: incarnation(client, "engine-default-0") not in (None, first), timeout_s=120, interval_s=0.2,
+               what="engine-default-0 registering again")
+    assert not re.search(r"engine-default-1\s+(exited|started again)", stack.log())
+    assert part_pid(stack, "engine-default-1") is None and incarnation(client, "engine-default-1") is None

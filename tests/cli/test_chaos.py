@@ -1,0 +1,163 @@
+"""Chaos against `k25 up --engines 2` under steady load: closed-loop senders stream
+completions through the official OpenAI client while one part of the stack is hurt, and
+each scenario prints what its load saw (`pytest -s` shows it):
+
+(a) an engine gets SIGTERM: it drains (leaves the registry, finishes what it runs, the
+    gateway takes what it refuses elsewhere) and starts again; no request fails;
+(b) an engine gets SIGKILL: only the streams it was running end, each with an error event;
+    nothing hangs, and it starts again;
+(c) Redis is restarted (empty): the engines register again; no request fails.
+
+Each scenario begins with the whole stack serving and ends once the hurt part is back and
+the load has gone on past that.
+"""
+
+import os
+import re
+import signal
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import openai
+import pytest
+
+from tests.helpers.engine_process import wait_until
+from tests.helpers.gateway_process import http_json, start_stack
+from tests.helpers.up_stack import incarnation, part_pid, redis_client
+
+pytestmark = pytest.mark.slow
+
+SENDERS = 3
+MAX_TOKENS = 48
+REQUEST_TIMEOUT_S = 60  # far beyond any answer here: a request that takes this long has hung
+# completions before the hurt (the load is flowing) and after the recovery (it flows again)
+STEADY_COMPLETIONS = 8
+RECOVERY_TIMEOUT_S = 120  # an engine's drain (25 s at most) plus a new engine's start on a busy machine
+
+
+@dataclass(frozen=True)
+class Outcome:
+    started: float  # time.monotonic()
+    ended: float
+    result: str  # "completed", "error event: CODE", "http STATUS", "connection error", "timeout", "no finish"
+
+
+class Load:
+    """SENDERS closed-loop senders of streamed completions, from `with` until its end."""
+
+    def __init__(self, base_url: str):
+        self.client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=REQUEST_TIMEOUT_S)
+        self.outcomes: list[Outcome] = []
+        self._stop = threading.Event()
+        self._senders = [threading.Thread(target=self._send, daemon=True) for _ in range(SENDERS)]
+
+    def __enter__(self) -> "Load":
+        for sender in self._senders:
+            sender.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self._stop.set()
+        for sender in self._senders:
+            sender.join(timeout=REQUEST_TIMEOUT_S + 30)
+        assert not any(sender.is_alive() for sender in self._senders), "a sender hung past its request timeout"
+
+    def _send(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            result = self._one()
+            self.outcomes.append(Outcome(started, time.monotonic(), result))
+
+    def _one(self) -> str:
+        try:
+            finish = None
+            for chunk in self.client.completions.create(model="tiny-random", prompt="Hi", max_tokens=MAX_TOKENS, stream=True):
+                finish = next((c.finish_reason for c in chunk.choices if c.finish_reason), finish)
+            return "completed" if finish else "no finish"
+        except openai.APIStatusError as exc:
+            return f"http {exc.status_code}"
+        except openai.APITimeoutError:
+            return "timeout"
+        except openai.APIConnectionError:
+            return "connection error"
+        except openai.APIError as exc:  # an error event in the stream
+            return f"error event: {(exc.body or {}).get('code')}"
+
+    def completed(self) -> int:
+        return sum(o.result == "completed" for o in self.outcomes)
+
+    def failed(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.result != "completed"]
+
+    def report(self, scenario: str) -> None:
+        failures = Counter(o.result for o in self.failed())
+        print(f"\nchaos {scenario}: sent {len(self.outcomes)}, completed {self.completed()}, failed {len(self.failed())}"
+              + (f" ({', '.join(f'{n} {r}' for r, n in failures.items())})" if failures else ""))
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("chaos")
+    service = start_stack(str(folder / "up.log"), "--model", "tiny-random", "--engines", "2", "--log-dir", str(folder))
+    yield service
+    service.stop(signal.SIGINT)
+
+
+def whole(stack) -> bool:
+    try:
+        status, _, body = http_json(f"{stack.url}/readyz", timeout_s=5)
+    except OSError:
+        return False
+    return status == 200 and body["engines"] == 2 and body["redis"] == "ok"
+
+
+def under_load(stack, scenario: str, hurt, back) -> tuple[Load, float]:
+    """Run the load, `hurt()` the stack once it flows, keep on until `back()` and past it;
+    returns the load and when the hurt came."""
+    wait_until(lambda: whole(stack), timeout_s=RECOVERY_TIMEOUT_S, interval_s=0.5, what="the whole stack serving")
+    with Load(stack.url) as load:
+        wait_until(lambda: load.completed() >= STEADY_COMPLETIONS, timeout_s=RECOVERY_TIMEOUT_S, what="the load flowing")
+        hurt_at = time.monotonic()
+        hurt()
+        wait_until(back, timeout_s=RECOVERY_TIMEOUT_S, interval_s=0.2, what=f"recovery from {scenario}")
+        settled = load.completed()
+        wait_until(lambda: load.completed() >= settled + STEADY_COMPLETIONS, timeout_s=RECOVERY_TIMEOUT_S,
+                   what="the load flowing again")
+    load.report(scenario)
+    return load, hurt_at
+
+
+def engine_comes_back(stack, engine: str):
+    client = redis_client(stack)
+    first = incarnation(client, engine)
+    return lambda: incarnation(client, engine) not in (None, first)
+
+
+def test_a_sigtermed_engine_drains_and_no_request_fails(stack):
+    """Needs the engine's drain on SIGTERM and the gateway taking refused work elsewhere."""
+    back = engine_comes_back(stack, "engine-default-0")
+    load, _ = under_load(stack, "(a) engine SIGTERM", lambda: os.kill(part_pid(stack, "engine-default-0"), signal.SIGTERM), back)
+    assert load.failed() == []
+
+
+def test_a_sigkilled_engine_fails_only_the_streams_it_was_running_and_nothing_hangs(stack):
+    back = engine_comes_back(stack, "engine-default-1")
+    load, killed_at = under_load(stack, "(b) engine SIGKILL", lambda: os.kill(part_pid(stack, "engine-default-1"), signal.SIGKILL), back)
+    failed = load.failed()
+    assert all(o.result.startswith("error event") for o in failed), failed  # mid-stream, not refused, not hung
+    assert all(o.started < killed_at for o in failed), "a request sent after the kill failed"
+    assert len(failed) <= SENDERS  # at most one stream in flight per sender
+
+
+def test_a_restarted_redis_fails_no_request(stack):
+    client = redis_client(stack)
+    redis_starts = len(re.findall(r"^k25 up: redis\s+started again", stack.log(), re.M))
+
+    def back() -> bool:
+        restarted = len(re.findall(r"^k25 up: redis\s+started again", stack.log(), re.M)) > redis_starts
+        return restarted and all(incarnation(client, e) for e in ("engine-default-0", "engine-default-1"))
+
+    load, _ = under_load(stack, "(c) Redis restart", lambda: os.kill(part_pid(stack, "redis"), signal.SIGTERM), back)
+    assert load.failed() == []

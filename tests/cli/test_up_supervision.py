@@ -1,0 +1,83 @@
+"""`k25 up` keeps its stack up as a cluster keeps its pods: a part that dies is started again
+on the same addresses while the rest keeps serving, and a killed engine comes back as a new
+registration (a new incarnation) that takes traffic."""
+
+import os
+import re
+import signal
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.helpers.engine_process import wait_until
+from tests.helpers.gateway_process import http_json, start_stack
+from tests.helpers.up_stack import announced, incarnation, part_pid, redis_client
+
+pytestmark = pytest.mark.slow
+
+ENGINES = ("engine-default-0", "engine-default-1")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("supervision")
+    service = start_stack(str(folder / "up.log"), "--model", "tiny-random", "--engines", "2", "--log-dir", str(folder))
+    yield service
+    service.stop(signal.SIGINT)
+
+
+def complete(stack) -> int:
+    return http_json(f"{stack.url}/v1/completions", {"model": "tiny-random", "prompt": "Hi", "max_tokens": 4})[0]
+
+
+def requests_finished(metrics_url: str) -> float:
+    text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
+    return sum(float(v) for v in re.findall(r"^k25_engine_requests_finished_total\{[^}]*\} (\S+)$", text, re.M))
+
+
+def serves_everything(stack) -> bool:
+    """Both engines behind the gateway, Redis answering, the chunker and an engine serving."""
+    try:
+        ready = http_json(f"{stack.url}/readyz", timeout_s=5)
+        chunks = http_json(f"{stack.url}/v1/chunks", {"text": "Article 1. Terms.\n\nArticle 2. Fees.", "chunk_size": 256},
+                           timeout_s=10)
+        return (ready[0] == 200 and ready[2]["engines"] == 2 and ready[2]["redis"] == "ok"
+                and chunks[0] == 200 and complete(stack) == 200)
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def restarts(stack, part: str) -> int:
+    return len(re.findall(rf"^k25 up: {part}\s+started again", stack.log(), re.M))
+
+
+def test_a_killed_engine_starts_again_while_the_other_serves(stack):
+    client = redis_client(stack)
+    first = incarnation(client, "engine-default-0")
+    pid = part_pid(stack, "engine-default-0")
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: re.search(r"engine-default-0\s+exited with signal SIGKILL after \d+ s; starting it again", stack.log()),
+               timeout_s=30, what="k25 up noticing the engine's death")
+    assert [complete(stack) for _ in range(4)] == [200] * 4, "the other engine did not serve meanwhile"
+    wait_until(lambda: incarnation(client, "engine-default-0") not in (None, first), timeout_s=120, interval_s=0.2,
+               what="a new engine-default-0 registering")
+    assert part_pid(stack, "engine-default-0") not in (None, pid)
+    wait_until(lambda: len(announced(stack, "engine-default-0")) == 2, timeout_s=30, what="k25 up printing it again")
+    before, after = announced(stack, "engine-default-0")
+    assert after["health"] == before["health"] and after["metrics"] == before["metrics"]
+    assert urllib.request.urlopen(after["health"], timeout=5).status == 200
+    wait_until(lambda: complete(stack) == 200 and requests_finished(after["metrics"]) > 0, timeout_s=60, interval_s=0.1,
+               what="the engine that came back serving requests")
+
+
+@pytest.mark.parametrize("part", ["gateway", "chunker", "redis"])
+def test_a_part_that_dies_is_started_again_on_the_same_address(stack, part):
+    wait_until(lambda: serves_everything(stack), timeout_s=120, interval_s=0.5, what="the whole stack serving")
+    restarted = restarts(stack, part)
+    engine_restarts = [restarts(stack, engine) for engine in ENGINES]
+    os.kill(part_pid(stack, part), signal.SIGKILL)
+    wait_until(lambda: restarts(stack, part) == restarted + 1, timeout_s=60, what=f"k25 up starting the {part} again")
+    wait_until(lambda: serves_everything(stack), timeout_s=120, interval_s=0.5, what=f"the stack serving after the {part} came back")
+    # no engine had to start again: they outlived the lost part (and registered again in a new, empty Redis)
+    assert [restarts(stack, engine) for engine in ENGINES] == engine_restarts
