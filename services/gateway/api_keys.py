@@ -2,19 +2,37 @@
 
 The keys file (mounted from a Secret) is JSON:
 
-    {"keys": [{"sha256": "<hex digest of the key>", "tenant": "acme", "adapters": ["legal-zh"]}, ...]}
+    {"keys": [{"sha256": "<hex digest of the key>", "tenant": "acme", "adapters": ["legal-zh"]}, ...],
+     "tenants": {"acme": {"max_concurrent_requests": 8, "tokens_per_minute": 200000}}}
 
 `adapters` (optional) limits the key to the base model and those LoRA adapters.
-`k25 api-key` makes a key and the entry to add. A presented key is hashed and compared
-with every stored hash in constant time, so neither the match nor its position leaks
-through timing.
+`tenants` (optional) limits a tenant's requests in flight and its tokens per minute
+(prompt + max_tokens), over all its keys; a tenant not named there, or a limit left out,
+is unlimited. `k25 api-key` makes a key and the entry to add. A presented key is hashed
+and compared with every stored hash in constant time, so neither the match nor its
+position leaks through timing.
+
+The gateway re-reads the file when it changes (`ApiKeysFile`), so a key added or revoked
+in the Secret takes effect without a restart.
 """
 
 import hashlib
 import hmac
 import json
+import logging
+import os
 import secrets
+import time
 from dataclasses import dataclass
+
+from services.gateway.tenant_limits import TenantLimits
+
+log = logging.getLogger(__name__)
+
+# the file is looked at (one stat) at most this often
+RELOAD_CHECK_S = 1.0
+_LIMIT_FIELDS = ("max_concurrent_requests", "tokens_per_minute")
+_NO_VERSION = object()
 
 
 class ApiKeysError(Exception):
@@ -46,8 +64,9 @@ ANONYMOUS = Caller("default")
 
 
 class ApiKeys:
-    def __init__(self, hashed_to_caller: dict[str, Caller]):
+    def __init__(self, hashed_to_caller: dict[str, Caller], tenant_limits: dict[str, TenantLimits] | None = None):
         self._entries = [(bytes.fromhex(h), caller) for h, caller in hashed_to_caller.items()]
+        self._tenant_limits = tenant_limits or {}
 
     @classmethod
     def from_file(cls, path: str) -> "ApiKeys":
@@ -71,7 +90,7 @@ class ApiKeys:
             if adapters is not None and (not isinstance(adapters, list) or not all(isinstance(a, str) and a for a in adapters)):
                 raise ApiKeysError(f"{path}: keys[{position}].adapters must be a list of adapter names")
             table[digest.lower()] = Caller(tenant, None if adapters is None else tuple(adapters), digest.lower())
-        return cls(table)
+        return cls(table, _tenant_limits(path, document.get("tenants", {})))
 
     def caller_of(self, presented: str) -> Caller | None:
         digest = hashlib.sha256(presented.encode()).digest()
@@ -80,6 +99,73 @@ class ApiKeys:
             if hmac.compare_digest(stored, digest):
                 found = caller
         return found
+
+    def limits_of(self, tenant: str) -> TenantLimits | None:
+        return self._tenant_limits.get(tenant)
+
+
+def _tenant_limits(path: str, tenants) -> dict[str, TenantLimits]:
+    if not isinstance(tenants, dict):
+        raise ApiKeysError(f'{path}: tenants must be an object {{"<tenant>": {{"max_concurrent_requests": ..., '
+                           f'"tokens_per_minute": ...}}}}')
+    limits = {}
+    for tenant, fields in tenants.items():
+        if not isinstance(fields, dict) or set(fields) - set(_LIMIT_FIELDS):
+            raise ApiKeysError(f"{path}: tenants.{tenant} must be an object with only {' and '.join(_LIMIT_FIELDS)}")
+        for name, value in fields.items():
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ApiKeysError(f"{path}: tenants.{tenant}.{name} must be a positive integer (or null: no limit)")
+        limits[tenant] = TenantLimits(**fields)
+    return limits
+
+
+class ApiKeysFile:
+    """The keys of a file that may change while the gateway runs: re-read when its identity
+    (inode, size or modification time of what the path points to) changes, looked at no more
+    than once a second. A Secret volume swaps a symbolic link to publish a new version, which
+    changes the inode. A file that cannot be read or is not valid keeps the keys read before."""
+
+    def __init__(self, path: str, clock=time.monotonic):
+        self.path = path
+        self._clock = clock
+        self._identity = _identity(path)
+        self._keys = ApiKeys.from_file(path)
+        self._checked_at = clock()
+        self._refused = _NO_VERSION  # the identity of a version that could not be used (logged once)
+
+    def current(self) -> ApiKeys:
+        now = self._clock()
+        if now - self._checked_at >= RELOAD_CHECK_S:
+            self._checked_at = now
+            self._reload_if_changed()
+        return self._keys
+
+    def caller_of(self, presented: str) -> Caller | None:
+        return self.current().caller_of(presented)
+
+    def limits_of(self, tenant: str) -> TenantLimits | None:
+        return self.current().limits_of(tenant)
+
+    def _reload_if_changed(self) -> None:
+        identity = _identity(self.path)
+        if identity == self._identity or identity == self._refused:
+            return
+        try:
+            keys = ApiKeys.from_file(self.path)
+        except ApiKeysError as exc:
+            log.warning("API keys file changed but cannot be used; keeping the keys read before: %s", exc)
+            self._refused = identity
+            return
+        self._keys, self._identity, self._refused = keys, identity, _NO_VERSION
+        log.info("API keys re-read from %s", self.path)
+
+
+def _identity(path: str) -> tuple | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 def _is_hex(text: str) -> bool:

@@ -5,7 +5,7 @@ read up to the limit and then handed on, so a client cannot get past the limit b
 leaving the header out.
 """
 
-import json
+from services.gateway.errors import OpenAIError, send_error
 
 
 class BodySizeLimit:
@@ -44,10 +44,5 @@ class BodySizeLimit:
         await self.app(scope, replay, send)
 
     async def _refuse(self, send):
-        body = json.dumps({"error": {
-            "message": f"request body is larger than this gateway's limit of {self.max_bytes} bytes",
-            "type": "invalid_request_error", "param": None, "code": "request_too_large",
-        }}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, OpenAIError(413, f"request body is larger than this gateway's limit of {self.max_bytes} bytes",
+                                           "invalid_request_error", "request_too_large"))

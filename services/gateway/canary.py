@@ -6,6 +6,10 @@ user is placed by a stable hash of their id into one of 100 buckets: buckets bel
 canary weight get the canary, so one user sees one version during a step, and raising
 the weight only ever moves users from stable to canary. Users on the allow-list always
 get the canary. Until some engine reports the canary loaded, its users get stable.
+
+A request that names no `user` is placed by its API key; one without either (no keys file)
+is placed on its own, by its request id, so that anonymous traffic splits by the weight
+rather than all landing on one side.
 """
 
 import hashlib
@@ -34,6 +38,11 @@ class UnknownModel(Exception):
 def user_bucket(adapter: str, user: str) -> int:
     """0..99, the same for one user and adapter on every gateway and every run."""
     return int.from_bytes(hashlib.sha256(f"{adapter}\0{user}".encode()).digest()[:8], "big") % 100
+
+
+def placement_key(user: str | None, key_id: str, request_id: str) -> str:
+    """Who a request counts as for the split: its user, else its API key, else only itself."""
+    return user or key_id or f"request:{request_id}"
 
 
 def place(adapter: str, state: RolloutState, user: str) -> AdapterChoice:

@@ -6,6 +6,7 @@ The routes and their response fields ("data", "chunks", ...) keep their names: e
 speak of is a passage. The request field `passage_tokens` (a passage's token budget, not a pool's
 `chunk_size`) still accepts its old name `chunk_size`."""
 
+import logging
 import time
 
 from fastapi import Depends, FastAPI, Request
@@ -14,21 +15,24 @@ from opentelemetry import trace
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from common.tracing import traceparent_of
+from services.gateway.admission import Ticket
 from services.gateway.api_keys import Caller
 from services.gateway.chunker_client import ChunkerError
 from services.gateway.disconnect import unless_client_leaves
 from services.gateway.documents import Passage, citations, reduce_messages, take_notes
-from services.gateway.errors import OpenAIError, invalid_request
-from services.gateway.openai_schema import ChatCompletionRequest
+from services.gateway.errors import RETRY_AFTER_S, OpenAIError, internal_error, invalid_request
+from services.gateway.openai_schema import ChatCompletionRequest, estimated_tokens
+from services.gateway.request_id import current_request_id
 from services.gateway.service import Gateway, ReplyShape
 
 tracer = trace.get_tracer("k25.gateway")
+log = logging.getLogger(__name__)
 
-# chunker error code -> (HTTP status, OpenAI type)
+# chunker error code -> HTTP status and what the client is told (only INVALID_ARGUMENT's own
+# message is written for the client: the others may name hosts or exceptions, and are logged)
 _CHUNKER_ERRORS = {
-    "INVALID_ARGUMENT": (400, "invalid_request_error"),
-    "DEADLINE_EXCEEDED": (504, "server_error"),
-    "CANCELLED": (503, "server_error"),
+    "DEADLINE_EXCEEDED": (504, "the chunker did not answer in time"),
+    "CANCELLED": (503, "the chunker is shutting down"),
 }
 
 
@@ -63,6 +67,11 @@ class AskRequest(SplitFields):
     stream: bool = False
     user: str | None = None
 
+    def reserved_tokens(self) -> int:
+        """What a tenant's token rate is charged at admission: the document and question (estimated
+        before tokenising), one note and the answer; each passage's note is charged as it is asked for."""
+        return estimated_tokens(self.document) + estimated_tokens(self.question) + self.note_max_tokens + self.max_tokens
+
 
 def install_document_routes(app: FastAPI, gateway: Gateway, caller) -> None:
     @app.post("/v1/chunks")
@@ -74,10 +83,12 @@ def install_document_routes(app: FastAPI, gateway: Gateway, caller) -> None:
     @app.post("/v1/documents/ask")
     async def ask(body: AskRequest, request: Request, caller: Caller = Depends(caller)):
         gateway.resolve_model(body.model, caller, body.user)  # an unknown model fails before the chunker is asked
-        return await unless_client_leaves(request, _ask(gateway, body, request.state.span, caller))
+        ticket = request.state.ticket
+        ticket.reserve(body.reserved_tokens())
+        return await unless_client_leaves(request, _ask(gateway, body, request.state.span, caller, ticket))
 
 
-async def _ask(gateway: Gateway, body: AskRequest, parent_span, caller: Caller):
+async def _ask(gateway: Gateway, body: AskRequest, parent_span, caller: Caller, ticket: Ticket):
     with tracer.start_as_current_span("k25.documents.ask", context=trace.set_span_in_context(parent_span)) as span:
         split = await _split(gateway, body, body.document, span)
         passages = [Passage(i + 1, p.anchor, p.start_char, p.end_char, body.document[p.start_char:p.end_char])
@@ -86,12 +97,13 @@ async def _ask(gateway: Gateway, body: AskRequest, parent_span, caller: Caller):
         usage = {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0}
 
         async def note(messages: list[dict]) -> str:
-            answer = await gateway.generate(_job(gateway, body, messages, body.note_max_tokens, caller), ReplyShape(True), span)
+            job = await _job(gateway, body, messages, body.note_max_tokens, caller, ticket)
+            answer = await gateway.generate(job, ReplyShape(True), span)
             _add_usage(usage, answer.final.usage)
             return answer.text
 
-        passages = await take_notes(body.question, passages, note)
-        final_job = _job(gateway, body, reduce_messages(body.question, passages), body.max_tokens, caller)
+        passages = await take_notes(body.question, passages, note, gateway.settings.document_fanout)
+        final_job = await _job(gateway, body, reduce_messages(body.question, passages), body.max_tokens, caller, ticket)
         if body.stream:
             return await gateway.stream(final_job, ReplyShape(True), span, epilogue=lambda text: [
                 {"id": final_job.request_id, "object": "document.citations", "citations": citations(text, passages)}
@@ -119,12 +131,23 @@ async def _split(gateway: Gateway, fields: SplitFields, text: str, parent_span):
             split = await gateway.chunker.chunk(text, fields.passage_tokens or 0, fields.overlap_ratio,
                                                 fields.semantic_threshold, traceparent, tracestate)
         except ChunkerError as exc:
-            status, type_ = _CHUNKER_ERRORS.get(exc.code, (502, "server_error"))
-            raise OpenAIError(status, f"chunker: {exc.message}", type_, exc.code.lower()) from None
+            raise _chunker_error(exc) from None
         span.set_attribute("k25.chunks", len(split.chunks))
     if not split.chunks:
         raise invalid_request("the document has no text to split into passages", "document")
     return split
+
+
+def _chunker_error(exc: ChunkerError) -> OpenAIError:
+    if exc.code == "INVALID_ARGUMENT":
+        return invalid_request(f"chunker: {exc.message}", "document", "invalid_argument")
+    status, what = _CHUNKER_ERRORS.get(exc.code, (502, "the chunker failed on this document"))
+    request_id = current_request_id()
+    log.error("request %s: chunker error %s: %s", request_id, exc.code, exc.message)
+    error = internal_error(status, what, exc.code.lower(), request_id)
+    if status == 503:
+        error.headers["Retry-After"] = str(RETRY_AFTER_S)
+    return error
 
 
 def _add_usage(total: dict, usage) -> None:
@@ -138,7 +161,9 @@ def _passage_json(passage) -> dict:
             "end_token": passage.end_token, "anchor": passage.anchor}
 
 
-def _job(gateway: Gateway, body: AskRequest, messages: list[dict], max_tokens: int, caller: Caller):
+async def _job(gateway: Gateway, body: AskRequest, messages: list[dict], max_tokens: int, caller: Caller, ticket: Ticket):
     request = ChatCompletionRequest(model=body.model, messages=messages, max_tokens=max_tokens, temperature=0, user=body.user)
-    return gateway.make_job(request, gateway.tokenizer.encode_chat(messages), caller, "doc")
+    job = gateway.make_job(request, await gateway.encoder.encode_chat(messages), caller, "doc")
+    ticket.use(len(job.prompt_token_ids) + job.sampling.max_tokens)
+    return job
 

@@ -1,8 +1,9 @@
 """Long-document questions: map the question over the document's passages, reduce the notes
 into one answer, and cite the passages it drew on.
 
-The prompts and the citation choice are pure functions; `ask` runs them through the
-chunker and the engines (the map requests concurrently).
+The prompts and the citation choice are pure functions; `take_notes` runs the map requests
+concurrently, a bounded number at a time, and when one fails stops the others (their engine
+requests are cancelled) before the error is answered.
 """
 
 import asyncio
@@ -67,7 +68,22 @@ def citations(answer: str, passages: list[Passage]) -> list[dict]:
     return [p.citation() for p in (cited or [p for p in passages if p.relevant])]
 
 
-async def take_notes(question: str, passages: list[Passage], note) -> list[Passage]:
-    """Run `note(messages)` for every passage at once; the passages with their notes, in order."""
-    notes = await asyncio.gather(*(note(map_messages(question, p)) for p in passages))
+async def take_notes(question: str, passages: list[Passage], note, concurrency: int) -> list[Passage]:
+    """Run `note(messages)` for every passage, at most `concurrency` at once; the passages with
+    their notes, in order. The first failure cancels every other note and is raised once they
+    have all stopped."""
+    running = asyncio.Semaphore(concurrency)
+
+    async def one(passage: Passage) -> str:
+        async with running:
+            return await note(map_messages(question, passage))
+
+    tasks = [asyncio.create_task(one(p)) for p in passages]
+    try:
+        notes = await asyncio.gather(*tasks)
+    except BaseException:  # a note failed, or this request was cancelled (its client left)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
     return [Passage(p.index, p.anchor, p.start_char, p.end_char, p.text, n) for p, n in zip(passages, notes)]

@@ -1,5 +1,12 @@
 """Errors as OpenAI returns them: `{"error": {"message", "type", "param", "code"}}` with the
-matching HTTP status, and how each engine error code maps onto one."""
+matching HTTP status, and how each engine error code maps onto one.
+
+What went wrong inside (an engine's INTERNAL message, a Python exception, a traceback) is
+logged with the request's id and never sent: the client gets a plain message that quotes
+the id."""
+
+import json
+import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -7,6 +14,9 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from proto import k25_pb2
+from services.gateway.request_id import current_request_id
+
+log = logging.getLogger(__name__)
 
 # seconds a client is told to wait after a 503
 RETRY_AFTER_S = 1
@@ -31,6 +41,23 @@ def overloaded(message: str) -> OpenAIError:
     return OpenAIError(503, message, "server_error", "overloaded", headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
+def rate_limited(message: str, limit: str, retry_after_s: int | None) -> OpenAIError:
+    """429 as OpenAI sends it: type "requests" or "tokens", code rate_limit_exceeded. Without a
+    wait (the request can never pass the limit) it says so to OpenAI's clients, which then do
+    not retry."""
+    headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else {"x-should-retry": "false"}
+    return OpenAIError(429, message, limit, "rate_limit_exceeded", headers=headers)
+
+
+def internal_error(status: int, what: str, code: str, request_id: str | None = None) -> OpenAIError:
+    """An error whose cause stays in the log: `what` failed, quote the request id."""
+    return OpenAIError(status, f"{what}; {_see_log(request_id or current_request_id())}", "server_error", code)
+
+
+def _see_log(request_id: str) -> str:
+    return f"the gateway's log has the details under request id {request_id}"
+
+
 # engine error code -> (HTTP status, OpenAI type, OpenAI code)
 _ENGINE_ERRORS = {
     k25_pb2.INVALID_ARGUMENT: (400, "invalid_request_error", "invalid_argument"),
@@ -46,10 +73,38 @@ _ENGINE_ERRORS = {
 RETRYABLE_ENGINE_ERRORS = {k25_pb2.RESOURCE_EXHAUSTED, k25_pb2.CHUNK_SIZE_MISMATCH, k25_pb2.CANCELLED}
 
 
+# codes whose message the engine writes for the client
+_CLIENT_FACING_ENGINE_ERRORS = {k25_pb2.INVALID_ARGUMENT, k25_pb2.RESOURCE_EXHAUSTED, k25_pb2.DEADLINE_EXCEEDED,
+                                k25_pb2.CANCELLED}
+# what the client is told instead for the others (their messages name files, hosts, exceptions)
+_PLAIN_MESSAGES = {
+    k25_pb2.ADAPTER_NOT_FOUND: "the engine chosen for this request does not hold its adapter version",
+    k25_pb2.CHUNK_SIZE_MISMATCH: "the engine chosen for this request refused its padding",
+}
+
+
 def from_engine_error(error: k25_pb2.Error) -> OpenAIError:
     status, type_, code = _ENGINE_ERRORS.get(error.code, (500, "server_error", "engine_error"))
     headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
-    return OpenAIError(status, error.message or k25_pb2.ErrorCode.Name(error.code), type_, code, headers=headers)
+    if error.code in _CLIENT_FACING_ENGINE_ERRORS:
+        return OpenAIError(status, error.message or _code_name(error.code), type_, code, headers=headers)
+    request_id = current_request_id()
+    log.error("request %s: engine error %s on %s: %s", request_id, _code_name(error.code), error.request_id, error.message)
+    what = _PLAIN_MESSAGES.get(error.code, "an engine failed on this request")
+    return OpenAIError(status, f"{what}; {_see_log(request_id)}", type_, code, headers=headers)
+
+
+def _code_name(code: int) -> str:
+    return k25_pb2.ErrorCode.Name(code) if code in k25_pb2.ErrorCode.values() else str(code)
+
+
+async def send_error(send, error: OpenAIError) -> None:
+    """Answer with `error` from an ASGI middleware, outside FastAPI's exception handlers."""
+    body = json.dumps(error.body()).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               *((name.lower().encode(), value.encode()) for name, value in error.headers.items())]
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -75,3 +130,10 @@ def install_error_handlers(app: FastAPI) -> None:
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
         error = OpenAIError(exc.status_code, str(exc.detail), type_, headers=getattr(exc, "headers", None))
         return JSONResponse(error.body(), status_code=exc.status_code, headers=error.headers)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):
+        request_id = getattr(request.state, "request_id", None) or current_request_id()
+        log.error("request %s (%s %s) failed", request_id, request.method, request.url.path, exc_info=exc)
+        error = internal_error(500, "the gateway failed on this request", "internal_error", request_id)
+        return JSONResponse(error.body(), status_code=500, headers={"x-request-id": request_id})

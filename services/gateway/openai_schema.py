@@ -4,9 +4,18 @@ Unknown request fields are ignored (clients send many); fields K25 cannot honour
 refused with a clear message rather than silently dropped.
 """
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+# characters per token when a prompt's tokens are estimated before tokenising (as OpenAI's rate limits do)
+CHARS_PER_TOKEN = 4
+
+
+def estimated_tokens(text: str) -> int:
+    return math.ceil(len(text) / CHARS_PER_TOKEN)
 
 
 class TextPart(BaseModel):
@@ -74,6 +83,11 @@ class SamplingFields(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def reserved_tokens(self, default_max_tokens: int) -> int:
+        """What a tenant's token rate is charged when the request is admitted, before it is
+        tokenised: its estimated prompt plus its max_tokens."""
+        return self.estimated_prompt_tokens() + (self.requested_max_tokens() or default_max_tokens)
+
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
@@ -86,6 +100,9 @@ class ChatCompletionRequest(SamplingFields):
 
     def requested_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
+
+    def estimated_prompt_tokens(self) -> int:
+        return sum(estimated_tokens(m.text()) for m in self.messages)
 
 
 class CompletionRequest(SamplingFields):
@@ -125,6 +142,9 @@ class CompletionRequest(SamplingFields):
 
     def requested_logprobs(self) -> int | None:
         return self.logprobs
+
+    def estimated_prompt_tokens(self) -> int:
+        return estimated_tokens(self.prompt) if isinstance(self.prompt, str) else len(self.prompt)
 
 
 class PromptTokensDetails(BaseModel):

@@ -1,11 +1,25 @@
-"""Which adapter version a request gets: placement by a stable hash, allow-lists, pinning."""
+"""Which adapter version a request gets: placement by a stable hash, allow-lists, pinning;
+anonymous requests split one by one."""
+
+import math
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from common.rollout_keys import PROGRESSING, RolloutState
-from services.gateway.canary import CANARY, PINNED, STABLE, AdapterChoice, UnknownModel, choose_adapter, place, user_bucket
+from services.gateway.canary import (
+    CANARY,
+    PINNED,
+    STABLE,
+    AdapterChoice,
+    UnknownModel,
+    choose_adapter,
+    place,
+    placement_key,
+    user_bucket,
+)
+from services.gateway.request_id import new_request_id
 
 SHA = "a" * 64
 
@@ -80,3 +94,31 @@ def test_an_adapter_with_a_rollout_is_placed_by_user():
 def test_canary_users_get_stable_until_an_engine_holds_the_canary():
     rollouts = {"legal": rollout(100)}
     assert choose_adapter("legal", BASE, rollouts, {"legal@v1"}, "u") == AdapterChoice("legal", "v1", STABLE)
+
+
+def test_a_request_is_placed_by_its_user_else_its_key_else_itself():
+    assert placement_key("alice", "keyhash", "req_1") == "alice"
+    assert placement_key(None, "keyhash", "req_1") == placement_key("", "keyhash", "req_2") == "keyhash"
+    assert placement_key(None, "", "req_1") != placement_key(None, "", "req_2")
+
+
+@pytest.mark.parametrize("weight", [5, 30])
+def test_anonymous_requests_split_by_the_weight(weight):
+    """Each anonymous request is placed by its own random request id: the canary's share of n
+    requests is Binomial(n, p); Hoeffding's bound P(|share - p| >= t) <= 2 exp(-2 n t^2) gives
+    the t at which this test fails by chance once in 10^9 runs."""
+    n, p = 20_000, weight / 100
+    t = math.sqrt(math.log(2 / 1e-9) / (2 * n))
+    rollouts, loaded = {"legal": rollout(weight)}, {"legal@v1", "legal@v2"}
+    groups = [choose_adapter("legal", BASE, rollouts, loaded, placement_key(None, "", new_request_id())).group
+              for _ in range(n)]
+    assert set(groups) == {STABLE, CANARY}
+    assert abs(groups.count(CANARY) / n - p) < t
+
+
+def test_identified_callers_stay_on_their_side():
+    rollouts, loaded = {"legal": rollout(50)}, {"legal@v1", "legal@v2"}
+    for user, key_id in [("alice", ""), (None, "keyhash")]:
+        versions = {choose_adapter("legal", BASE, rollouts, loaded, placement_key(user, key_id, new_request_id())).version
+                    for _ in range(20)}
+        assert len(versions) == 1

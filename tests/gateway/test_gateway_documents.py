@@ -57,9 +57,50 @@ def test_notes_are_taken_concurrently_and_kept_in_order():
         await asyncio.sleep(0.05 if "part 1" in messages[1]["content"] else 0.0)
         return re.search(r"text of part (\d)", messages[1]["content"]).group(0)
 
-    passages = asyncio.run(take_notes("q", [passage(1), passage(2), passage(3)], note))
+    passages = asyncio.run(take_notes("q", [passage(1), passage(2), passage(3)], note, concurrency=8))
     assert [p.note for p in passages] == ["text of part 1", "text of part 2", "text of part 3"]
     assert len(started) == 3
+
+
+def test_at_most_the_fanout_of_notes_run_at_once():
+    running, most = 0, 0
+
+    async def note(messages):
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        for _ in range(5):  # a few turns of the loop, in which the others could start
+            await asyncio.sleep(0)
+        running -= 1
+        return "n"
+
+    passages = asyncio.run(take_notes("q", [passage(i) for i in range(1, 11)], note, concurrency=3))
+    assert most == 3 and [p.note for p in passages] == ["n"] * 10
+
+
+def test_the_first_failed_note_cancels_the_others_before_the_error_is_raised():
+    started, cancelled = set(), set()
+
+    async def note(messages):
+        index = int(re.search(r"Part (\d+)", messages[1]["content"]).group(1))
+        started.add(index)
+        if index == 2:
+            await asyncio.sleep(0)  # the others are running by now
+            raise ValueError("note 2 failed")
+        try:
+            await asyncio.Event().wait()  # an engine request that would never end
+        except asyncio.CancelledError:
+            cancelled.add(index)
+            raise
+
+    async def ask():
+        with pytest.raises(ValueError, match="note 2 failed"):
+            await take_notes("q", [passage(i) for i in range(1, 11)], note, concurrency=4)
+        return set(started), set(cancelled)  # as they stood when the error reached the caller
+
+    started_then, cancelled_then = asyncio.run(ask())
+    assert {1, 3, 4} <= cancelled_then == started_then - {2}  # every note that ran alongside it was stopped
+    assert len(started_then) < 10  # and the rest never started
 
 
 @pytest.mark.parametrize("model", [ChunksRequest, AskRequest])

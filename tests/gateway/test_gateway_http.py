@@ -1,26 +1,33 @@
 """The gateway's HTTP edge in-process (no engine is needed for these paths): API keys,
-request validation and body limits, all answered in OpenAI's error shape."""
+request validation and body limits, all answered in OpenAI's error shape; what fails inside
+stays in the log, and the client gets a request id to quote."""
 
+import asyncio
 import json
+import logging
 
 import pytest
+import redis
 from fastapi.testclient import TestClient
+from prometheus_client import Histogram
 
 from common.tokenizer import load_tokenizer
+from proto import k25_pb2
 from services.gateway.api_keys import ApiKeys, Caller, hash_key
 from services.gateway.app import create_app
+from services.gateway.errors import OpenAIError, from_engine_error
+from services.gateway.prompt_encoder import PromptEncoder
 from services.gateway.service import Gateway
 from services.gateway.settings import GatewaySettings
-from tests.helpers.redis_server import module_redis_url  # noqa: F401  (fixture)
+from tests.helpers.redis_server import free_port, module_redis_url  # noqa: F401  (fixture)
 
 KEY = "k25-test-key"
 
 
 @pytest.fixture(scope="module")
 def client(module_redis_url):  # noqa: F811
-    import redis
-
-    settings = GatewaySettings(model="tiny-random", redis_url=module_redis_url, max_body_bytes=4096, max_tokens_limit=100)
+    settings = GatewaySettings(model="tiny-random", redis_url=module_redis_url, max_body_bytes=4096, max_tokens_limit=100,
+                               engine_wait_s=0)  # no engine ever comes here: answer at once
     gateway = Gateway(settings, load_tokenizer("tiny-random"), redis.Redis.from_url(module_redis_url))
     app = create_app(gateway, ApiKeys({hash_key(KEY): Caller("acme", key_id=hash_key(KEY))}))
     with TestClient(app) as test_client:
@@ -56,12 +63,13 @@ def test_a_good_key_passes(client):
 def test_health_needs_no_key_and_readiness_tells_the_truth(client):
     assert client.get("/healthz").status_code == 200
     ready = client.get("/readyz")
-    assert ready.status_code == 503 and ready.json()["engines"] == 0  # no engine has registered
+    # ready to serve (a request would wait for an engine), and it says none has registered
+    assert ready.status_code == 200 and ready.json()["ready"] and ready.json()["engines"] == 0
 
 
 def test_no_engine_is_503_with_retry_after(client):
     response = client.post("/v1/chat/completions", json=CHAT, headers=AUTH)
-    assert_openai_error(response, 503, "overloaded")
+    assert_openai_error(response, 503, "no_engine_available")
     assert response.headers["retry-after"] == "1"
 
 
@@ -120,3 +128,72 @@ def test_without_a_chunker_document_routes_are_503(client):
     assert_openai_error(response, 503, "chunker_unavailable")
     body = {"model": "tiny-random", "document": "Article 1. Terms.", "question": "What?"}
     assert_openai_error(client.post("/v1/documents/ask", json=body, headers=AUTH), 503, "chunker_unavailable")
+
+
+# --- what fails inside stays inside ----------------------------------------------------------
+
+SECRET = "Traceback (most recent call last): /srv/k25/engine/engine.py ValueError at 10.0.3.7:5557"
+
+
+@pytest.mark.parametrize("code, status", [(k25_pb2.INTERNAL, 500), (k25_pb2.ADAPTER_NOT_FOUND, 404),
+                                          (k25_pb2.CHUNK_SIZE_MISMATCH, 502), (99, 500)])
+def test_engine_errors_with_internal_text_reach_the_client_as_a_request_id(caplog, code, status):
+    with caplog.at_level(logging.ERROR, logger="services.gateway.errors"):
+        error = from_engine_error(k25_pb2.Error(request_id="chatcmpl-1", code=code, message=SECRET))
+    assert error.status == status and SECRET not in error.message and "request id req_" in error.message
+    request_id = error.message.rsplit(" ", 1)[1]
+    assert any(request_id in r.getMessage() and SECRET in r.getMessage() for r in caplog.records)
+
+
+def test_engine_messages_written_for_the_client_pass():
+    error = from_engine_error(k25_pb2.Error(code=k25_pb2.INVALID_ARGUMENT, message="top_p must be in (0, 1]"))
+    assert (error.status, error.message) == (400, "top_p must be in (0, 1]")
+
+
+def test_an_unexpected_exception_is_a_500_with_a_request_id_and_the_traceback_in_the_log(client, caplog):
+    async def broken():
+        raise KeyError(SECRET)
+
+    client.app.add_api_route("/v1/test-broken", broken, methods=["POST"])
+    with caplog.at_level(logging.ERROR, logger="services.gateway.errors"):
+        response = TestClient(client.app, raise_server_exceptions=False).post("/v1/test-broken", headers=AUTH)
+    error = assert_openai_error(response, 500, "internal_error")
+    assert SECRET not in response.text and response.headers["x-request-id"] in error["message"]
+    [record] = [r for r in caplog.records if response.headers["x-request-id"] in r.getMessage()]
+    assert record.exc_info and SECRET in str(record.exc_info[1])
+
+
+def template_refusal(template: str) -> OpenAIError:
+    tokenizer = load_tokenizer("tiny-random")
+    tokenizer.chat_template = template
+    encoder = PromptEncoder(tokenizer, 1, Histogram("seconds", "test", registry=None))
+    try:
+        with pytest.raises(OpenAIError) as refused:
+            asyncio.run(encoder.encode_chat([{"role": "user", "content": "hi"}]))
+    finally:
+        encoder.close()
+    return refused.value
+
+
+def test_a_chat_template_s_own_refusal_is_told_and_its_failures_are_not():
+    refusal = template_refusal("{{ raise_exception('Conversation roles must alternate user/assistant') }}")
+    assert refusal.status == 400 and refusal.message.endswith("Conversation roles must alternate user/assistant")
+    failure = template_refusal("{{ messages[3].content.upper() }}")  # jinja's own error names the template's internals
+    assert failure.status == 400 and "request id req_" in failure.message and "undefined" not in failure.message
+
+
+@pytest.fixture(scope="module")
+def unreachable_chunker(module_redis_url):  # noqa: F811
+    settings = GatewaySettings(model="tiny-random", redis_url=module_redis_url, chunker_address=f"127.0.0.1:{free_port()}",
+                               chunker_timeout_s=0.2)
+    gateway = Gateway(settings, load_tokenizer("tiny-random"), redis.Redis.from_url(module_redis_url))
+    with TestClient(create_app(gateway)) as test_client:
+        yield test_client
+
+
+def test_a_chunker_that_does_not_answer_is_504_without_its_address(unreachable_chunker, caplog):
+    with caplog.at_level(logging.ERROR, logger="services.gateway.document_routes"):
+        response = unreachable_chunker.post("/v1/chunks", json={"text": "Article 1. Terms."})
+    error = assert_openai_error(response, 504, "deadline_exceeded")
+    assert "127.0.0.1" not in error["message"] and response.headers["x-request-id"] in error["message"]
+    assert any("127.0.0.1" in r.getMessage() and response.headers["x-request-id"] in r.getMessage() for r in caplog.records)
