@@ -4,6 +4,7 @@ import os
 import sys
 
 from common.model_source import DEFAULT_MODEL
+from k25.commands.up import _pool as pool_spec
 
 
 def register(subparsers) -> None:
@@ -17,16 +18,29 @@ def register(subparsers) -> None:
                    help="registry and QPS Redis (default: $K25_REDIS_URL or redis://127.0.0.1:6379/0)")
     p.add_argument("--release", default=os.environ.get("K25_RELEASE", "k25"), help="prefix of every Redis key (default k25)")
     p.add_argument("--api-keys-file", default=os.environ.get("K25_API_KEYS_FILE"),
-                   help="JSON file of hashed API keys (see `k25 api-key`); without one no key is asked for")
+                   help="JSON file of hashed API keys and tenant limits (see `k25 api-key`), re-read when it changes; "
+                        "without one no key is asked for")
     p.add_argument("--chunker-address", default=None, help="host:port of the chunker service")
     p.add_argument("--request-timeout-s", type=float, default=600.0, help="deadline of each request (default 600)")
     p.add_argument("--max-tokens-limit", type=int, default=8192, help="largest max_tokens accepted (default 8192)")
     p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024, help="largest request body (default 8 MiB)")
     p.add_argument("--max-inflight", type=int, default=2048, help="requests in flight before 503 (default 2048)")
+    p.add_argument("--tokenizer-threads", type=int, default=4,
+                   help="threads that render chat templates and tokenise prompts, off the event loop (default 4)")
+    p.add_argument("--document-fanout", type=int, default=8,
+                   help="engine requests (one per passage) that one /v1/documents/ask runs at once (default 8)")
     p.add_argument("--prefix-index-max-blocks", type=int, default=262_144,
                    help="prompt block hashes remembered for cache-aware routing, about 130-180 bytes each (default 262144)")
     p.add_argument("--share-prefix-cache-across-tenants", action="store_true",
                    help="let tenants' requests reuse each other's cached prompts (default: each tenant's are its own)")
+    p.add_argument("--pool", dest="pools", type=pool_spec, action="append", default=[], metavar="NAME=CHUNK_SIZE",
+                   help="an engine pool and its chunk_size, so that requests for it count as its demand (and wait for "
+                        "an engine) while it has none; repeatable (pools seen in the registry are known anyway)")
+    p.add_argument("--engine-wait-s", type=float, default=30.0,
+                   help="how long a request waits for an engine to register when none can take it, e.g. while a pool "
+                        "scales up from zero; then 503 with Retry-After (default 30; 0: answer 503 at once)")
+    p.add_argument("--engine-error-window-s", type=float, default=30.0,
+                   help="how long an engine that failed a request is tried after the others (default 30)")
     p.add_argument("--log-level", default="warning", help="uvicorn's access and error log level (default warning)")
     p.set_defaults(handler=run)
 
@@ -38,7 +52,7 @@ def run(args) -> int:
     from common.model_source import ModelLoadError
     from common.tokenizer import load_tokenizer
     from common.tracing import setup_tracing
-    from services.gateway.api_keys import ApiKeys, ApiKeysError
+    from services.gateway.api_keys import ApiKeysError, ApiKeysFile
     from services.gateway.app import create_app
     from services.gateway.service import Gateway
     from services.gateway.settings import GatewaySettings
@@ -48,15 +62,18 @@ def run(args) -> int:
         api_keys_file=args.api_keys_file, chunker_address=args.chunker_address,
         request_timeout_s=args.request_timeout_s, max_tokens_limit=args.max_tokens_limit,
         max_body_bytes=args.max_body_bytes, max_inflight=args.max_inflight,
+        tokenizer_threads=args.tokenizer_threads, document_fanout=args.document_fanout,
         prefix_index_max_blocks=args.prefix_index_max_blocks,
         share_prefix_cache_across_tenants=args.share_prefix_cache_across_tenants,
+        pools=tuple(args.pools), engine_wait_s=args.engine_wait_s, engine_error_window_s=args.engine_error_window_s,
     )
-    if settings.prefix_index_max_blocks < 1:
-        print("k25 gateway: --prefix-index-max-blocks must be at least 1", file=sys.stderr)
+    problem = _bad_flags(settings)
+    if problem:
+        print(f"k25 gateway: {problem}", file=sys.stderr)
         return 2
     try:
         tokenizer = load_tokenizer(settings.model)
-        api_keys = ApiKeys.from_file(settings.api_keys_file) if settings.api_keys_file else None
+        api_keys = ApiKeysFile(settings.api_keys_file) if settings.api_keys_file else None
     except (ModelLoadError, ApiKeysError) as exc:
         print(f"k25 gateway: {exc}", file=sys.stderr)
         return 2
@@ -69,3 +86,19 @@ def run(args) -> int:
         if tracing is not None:
             tracing.shutdown()
     return 0
+
+
+def _bad_flags(settings) -> str | None:
+    if settings.prefix_index_max_blocks < 1:
+        return "--prefix-index-max-blocks must be at least 1"
+    for flag, value in (("--max-inflight", settings.max_inflight), ("--tokenizer-threads", settings.tokenizer_threads),
+                        ("--document-fanout", settings.document_fanout)):
+        if value < 1:
+            return f"{flag} must be at least 1"
+    if len({name for name, _ in settings.pools}) != len(settings.pools):
+        return "each --pool needs its own name"
+    if not settings.engine_wait_s >= 0:  # NaN too
+        return "--engine-wait-s must not be negative"
+    if not settings.engine_error_window_s > 0:
+        return "--engine-error-window-s must be positive"
+    return None

@@ -80,17 +80,24 @@ def create_app(gateway: Gateway, api_keys: ApiKeys | None = None) -> FastAPI:
 
     @app.get("/readyz")
     async def readyz():
+        """Whether this gateway can serve: it answers, and its settings, tokenizer and engine
+        connections are in place. Engines are not asked for: a request with none waits for one
+        (a pool starting from zero), and a gateway left out of its Service could not receive
+        the demand that starts them."""
         registry = gateway.registry
-        engines = len(registry.engines)
+        routable = [e for e in registry.engines if e.routable]
+        pools = {name: {"chunk_size": pool.chunk_size, "engines": sum(e.pool == name for e in routable)}
+                 for name, pool in sorted(registry.pools.items())}
         body = {
-            "ready": engines > 0,
-            "engines": engines,
-            "pools": sorted({e.pool for e in registry.engines}),
+            "ready": gateway.started,
+            "engines": len(routable),
+            "unroutable_engines": len(registry.engines) - len(routable),  # unhealthy or draining
+            "pools": pools,
             "redis": {True: "ok", False: "unreachable: routing with the last-known registry", None: "not read yet"}[
                 registry.redis_ok
             ],
         }
-        return JSONResponse(body, status_code=200 if engines else 503)
+        return JSONResponse(body, status_code=200 if gateway.started else 503)
 
     @app.get("/metrics")
     async def metrics():

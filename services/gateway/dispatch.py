@@ -1,16 +1,25 @@
 """Sending one generation to an engine: plan the route, pad for the pool, try engines in
 order until one takes it, and read its responses.
 
-An engine that refuses before starting (full KV or queue, shutting down, a chunk_size it
-does not share) or whose connection is gone is skipped for the next candidate; only when
-every candidate refused does the client get 503 with Retry-After. The first response is
-awaited before anything is returned, so a refusal never reaches the client as a half-sent
-200.
+An engine that refuses before starting (full KV or queue, shutting down or unhealthy, a
+chunk_size it does not share) or whose connection is gone is skipped for the next
+candidate; one that fails the request (INTERNAL) before its first token is too, once per
+request: another engine may serve it, but a request that breaks every engine should not
+break them all. Nothing is retried after the first token, which may have reached the
+client. Only when every candidate refused does the client get 503 with Retry-After. The
+first response is awaited before anything is returned, so a refusal never reaches the
+client as a half-sent 200. Every failure is remembered against its engine (engine_errors.py)
+so that routing tries others first.
+
+When no engine can take the request but one may yet register (nothing routable at all, or
+only a pool without engines would hold it), the request waits for the registry to bring
+one, up to a bound; then it gets 503 with Retry-After.
 """
 
 import itertools
+import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 
 from common.padding import pad_to_chunk_size
@@ -18,6 +27,7 @@ from common.prefix_hash import cache_seed, chain_block_hashes
 from proto import k25_pb2
 from services.gateway.canary import AdapterChoice
 from services.gateway.engine_client import ENGINE_GONE, EngineConnections, EngineStream, EngineUnavailable
+from services.gateway.engine_errors import RecentErrors
 from services.gateway.errors import (
     RETRY_AFTER_S,
     RETRYABLE_ENGINE_ERRORS,
@@ -26,10 +36,26 @@ from services.gateway.errors import (
     invalid_request,
     overloaded,
 )
+from services.gateway.metrics import GatewayMetrics
 from services.gateway.prefix_index import PrefixIndex
-from services.gateway.routing import EngineView, Refusal, RoutePlan, attempts, plan_route
+from services.gateway.registry_view import RegistryView
+from services.gateway.routing import (
+    EngineView,
+    PoolInfo,
+    Refusal,
+    RoutePlan,
+    attempts,
+    plan_route,
+    pools_without_engines,
+    preferred_pool,
+)
 
 _turns = itertools.count()  # one per request: rotates the order of equally loaded engines
+
+# engine errors that count against the engine (the others are about the request, or its load)
+ENGINE_FAULTS = {k25_pb2.INTERNAL, k25_pb2.CANCELLED, k25_pb2.CHUNK_SIZE_MISMATCH}
+# engines that may fail one request before its first token, beyond those that refuse it
+MAX_FAULT_RETRIES = 1
 
 
 class EngineLost(Exception):
@@ -80,6 +106,7 @@ class OpenedStream:
     stream: EngineStream
     first: k25_pb2.EngineMessage
     deadline: float  # epoch seconds
+    errors: RecentErrors
     expected_cached_tokens: int = 0  # prompt tokens the prefix index expected this engine to hold
 
     async def messages(self) -> AsyncIterator[k25_pb2.EngineMessage]:
@@ -88,12 +115,16 @@ class OpenedStream:
         message = self.first
         while True:
             if message is ENGINE_GONE:
+                self.errors.failed(self.engine.engine_id, time.time())
                 raise EngineLost(f"engine {self.engine.engine_id} went away mid-answer")
             kind = message.WhichOneof("kind")
             if kind == "error":
+                if message.error.code in ENGINE_FAULTS:
+                    self.errors.failed(self.engine.engine_id, time.time())
                 raise from_engine_error(message.error)
             yield message
             if kind == "final":
+                self.errors.served(self.engine.engine_id)
                 return
             message = await _next(self.stream, max(0.0, self.deadline - time.time()))
 
@@ -108,50 +139,133 @@ def refusal_error(plan: RoutePlan, prompt_tokens: int, max_tokens: int) -> OpenA
     return overloaded("no engine is available; try again shortly")
 
 
-async def open_stream(
-    job: Job, engines: list[EngineView], connections: EngineConnections, pad_token_id: int,
-    exclude: frozenset[str] = frozenset(), connect_timeout_s: float = 1.0, prefix_index: PrefixIndex | None = None,
-) -> OpenedStream:
-    """Start `job` on the first engine that takes it (engine ids in `exclude` are skipped).
-    A request for an adapter goes only to engines that report that version loaded. With a
-    prefix index, engines holding the prompt's prefix are preferred (routing.py), and the
-    engine that takes the job is recorded as holding it."""
-    engines = [e for e in engines if e.engine_id not in exclude and (job.adapter is None or job.adapter.key in e.adapters)]
-    if job.adapter is not None and not engines:
-        raise OpenAIError(503, f"no engine holds adapter {job.adapter.key} yet; try again shortly", "server_error",
-                          "adapter_loading", headers={"Retry-After": str(RETRY_AFTER_S)})
-    open_requests = {e.engine_id: connections.open_requests(e.address) for e in engines}
-    cached_share = cached_shares(job, engines, prefix_index) if prefix_index is not None else None
-    plan = plan_route(engines, len(job.prompt_token_ids), job.sampling.max_tokens,
-                      open_requests=open_requests, turn=next(_turns), cached_share=cached_share)
-    if plan.refusal is not None:
-        raise refusal_error(plan, len(job.prompt_token_ids), job.sampling.max_tokens)
-    requests: dict[int, k25_pb2.GenerateRequest] = {}  # chunk_size -> the padded request
-    for route, engine in attempts(plan):
-        if route.chunk_size not in requests:
-            requests[route.chunk_size] = job.padded_for(route.chunk_size, pad_token_id)
+class NoEngineYet(OpenAIError):
+    """No engine can take the request now, but one may register: nothing routable is in the
+    registry, or only a pool without engines (`pool`, when known) would hold the request."""
+
+    def __init__(self, pool: str | None, waited_s: float = 0.0):
+        where = f"of pool {pool!r} " if pool else ""
+        waited = f" within {waited_s:g} s" if waited_s else ""
+        retry_after = max(RETRY_AFTER_S, math.ceil(waited_s))
+        super().__init__(503, f"no engine {where}is available{waited} (the pool may be starting from zero "
+                              f"replicas); try again in {retry_after} s", "server_error", "no_engine_available",
+                         headers={"Retry-After": str(retry_after)})
+        self.pool = pool
+
+
+@dataclass
+class Dispatcher:
+    """Opens jobs on engines: what that needs besides the job and the registry."""
+
+    connections: EngineConnections
+    pad_token_id: int
+    errors: RecentErrors
+    metrics: GatewayMetrics
+    connect_timeout_s: float = 1.0
+    prefix_index: PrefixIndex | None = None
+
+    async def open_waiting(self, job: Job, registry: RegistryView, wait_s: float,
+                           exclude: frozenset[str] = frozenset()) -> OpenedStream:
+        """`open`, but while no engine can take the job yet, wait for the registry to bring
+        one, up to `wait_s` seconds (and the job's deadline)."""
+        give_up_at = time.monotonic() + min(wait_s, job.remaining_s())
+        waiting = False
         try:
-            stream = await connections.get(engine.address).submit(requests[route.chunk_size], connect_timeout_s)
-        except EngineUnavailable:
-            continue
-        try:
-            first = await _next(stream, job.remaining_s())
-        except BaseException:
-            stream.close()
-            raise
-        if first is ENGINE_GONE:
-            stream.close()
-            continue
-        if first.WhichOneof("kind") == "error":
-            stream.close()
-            if first.error.code in RETRYABLE_ENGINE_ERRORS:
+            while True:
+                try:
+                    opened = await self.open(job, registry.engines, registry.pools.values(), exclude)
+                except NoEngineYet as missing:
+                    if time.monotonic() >= give_up_at:
+                        if waiting:
+                            self.metrics.engine_waits.labels("timed_out").inc()
+                        raise NoEngineYet(missing.pool, wait_s) from None
+                    if not waiting:
+                        waiting = True
+                        self.metrics.waiting_for_engine.inc()
+                    await registry.wait_for_refresh(give_up_at - time.monotonic())
+                    continue
+                if waiting:
+                    self.metrics.engine_waits.labels("served").inc()
+                return opened
+        finally:
+            if waiting:
+                self.metrics.waiting_for_engine.dec()
+
+    async def open(self, job: Job, engines: list[EngineView], pools: Iterable[PoolInfo] = (),
+                   exclude: frozenset[str] = frozenset()) -> OpenedStream:
+        """Start `job` on the first engine that takes it (engine ids in `exclude` are skipped).
+        A request for an adapter goes only to engines that report that version loaded. With a
+        prefix index, engines holding the prompt's prefix are preferred (routing.py), and the
+        engine that takes the job is recorded as holding it. Raises NoEngineYet when none can
+        take it but one may register (`pools`: those the gateway knows of)."""
+        prompt_tokens, max_tokens = len(job.prompt_token_ids), job.sampling.max_tokens
+        if not any(e.routable for e in engines):
+            wanted = preferred_pool(pools, prompt_tokens, max_tokens)
+            raise NoEngineYet(wanted.name if wanted else None)
+        candidates = [e for e in engines if e.routable and e.engine_id not in exclude
+                      and (job.adapter is None or job.adapter.key in e.adapters)]
+        if job.adapter is not None and not candidates:
+            raise OpenAIError(503, f"no engine holds adapter {job.adapter.key} yet; try again shortly", "server_error",
+                              "adapter_loading", headers={"Retry-After": str(RETRY_AFTER_S)})
+        open_requests = {e.engine_id: self.connections.open_requests(e.address) for e in candidates}
+        cached_share = cached_shares(job, candidates, self.prefix_index) if self.prefix_index is not None else None
+        plan = plan_route(candidates, prompt_tokens, max_tokens, open_requests=open_requests, turn=next(_turns),
+                          cached_share=cached_share, recent_errors=self.errors.counts(time.time()))
+        if plan.refusal is Refusal.NEVER_FITS:
+            missing = pools_without_engines(pools, engines, prompt_tokens, max_tokens)
+            if missing:
+                raise NoEngineYet(missing[0].name)
+        if plan.refusal is not None:
+            raise refusal_error(plan, prompt_tokens, max_tokens)
+        requests: dict[int, k25_pb2.GenerateRequest] = {}  # chunk_size -> the padded request
+        faults_left = MAX_FAULT_RETRIES
+        last_fault: k25_pb2.Error | None = None  # the INTERNAL error of the last engine tried, if it failed so
+        previous_failure = None  # why the engine tried before this one did not take the job
+        for route, engine in attempts(plan):
+            if previous_failure is not None:
+                self.metrics.engine_retries.labels(previous_failure).inc()
+            last_fault = None
+            if route.chunk_size not in requests:
+                requests[route.chunk_size] = job.padded_for(route.chunk_size, self.pad_token_id)
+            try:
+                stream = await self.connections.get(engine.address).submit(requests[route.chunk_size], self.connect_timeout_s)
+            except EngineUnavailable:
+                previous_failure = self._failed(engine, "unreachable")
                 continue
-            raise from_engine_error(first.error)
-        if prefix_index is not None and engine.block_size:
-            prefix_index.record(engine.engine_id, engine.incarnation, job.block_hashes(engine.block_size))
-        expected = round((cached_share or {}).get(engine.engine_id, 0.0) * len(job.prompt_token_ids))
-        return OpenedStream(route.pool, engine, stream, first, job.deadline, expected)
-    raise overloaded("every engine that could serve this request refused it or is unreachable; try again shortly")
+            try:
+                first = await _next(stream, job.remaining_s())
+            except BaseException:
+                stream.close()
+                raise
+            if first is ENGINE_GONE:
+                stream.close()
+                previous_failure = self._failed(engine, "lost")
+                continue
+            if first.WhichOneof("kind") == "error":
+                stream.close()
+                code = first.error.code
+                reason = k25_pb2.ErrorCode.Name(code).lower()
+                if code in ENGINE_FAULTS:
+                    self._failed(engine, reason)
+                if code in RETRYABLE_ENGINE_ERRORS:
+                    previous_failure = reason
+                    continue
+                if code == k25_pb2.INTERNAL and faults_left:
+                    faults_left -= 1
+                    previous_failure, last_fault = reason, first.error
+                    continue
+                raise from_engine_error(first.error)
+            if self.prefix_index is not None and engine.block_size:
+                self.prefix_index.record(engine.engine_id, engine.incarnation, job.block_hashes(engine.block_size))
+            expected = round((cached_share or {}).get(engine.engine_id, 0.0) * prompt_tokens)
+            return OpenedStream(route.pool, engine, stream, first, job.deadline, self.errors, expected)
+        if last_fault is not None:  # the last engine failed the job rather than refusing it
+            raise from_engine_error(last_fault)
+        raise overloaded("every engine that could serve this request refused it or is unreachable; try again shortly")
+
+    def _failed(self, engine: EngineView, reason: str) -> str:
+        self.errors.failed(engine.engine_id, time.time())
+        return reason
 
 
 def cached_shares(job: Job, engines: list[EngineView], index: PrefixIndex) -> dict[str, float]:
@@ -172,8 +286,9 @@ async def _next(stream: EngineStream, timeout_s: float):
         raise OpenAIError(504, "the request's deadline passed before the engine answered", "server_error", "timeout") from None
 
 
-def plan_pool(job: Job, engines: list[EngineView]) -> str | None:
-    """The pool this request's demand counts against (also when every engine is full, or
-    none holds its adapter yet)."""
-    return plan_route(engines, len(job.prompt_token_ids), job.sampling.max_tokens).pool
-
+def demand_pool(job: Job, pools: Iterable[PoolInfo]) -> str | None:
+    """The pool this request's demand counts against: the one it prefers among every pool the
+    gateway knows of, also when that pool is full, has no engine yet, or none holds the
+    adapter yet. None when no known pool's context holds it."""
+    wanted = preferred_pool(pools, len(job.prompt_token_ids), job.sampling.max_tokens)
+    return wanted.name if wanted else None

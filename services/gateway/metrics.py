@@ -41,3 +41,19 @@ class GatewayMetrics:
             "k25_gateway_prefix_index_blocks", "Block hashes in the cache-aware routing index", registry=self.registry
         )
         self.redis_up = Gauge("k25_gateway_redis_up", "1 when the last registry read from Redis succeeded", registry=self.registry)
+        self.unroutable_engines = Gauge(
+            "k25_gateway_unroutable_engines", "Engines in the registry that routing leaves out, by pool and reason "
+            "(unhealthy, draining)", ["pool", "reason"], registry=self.registry,
+        )
+        self.engine_retries = Counter(
+            "k25_gateway_engine_retries", "Requests tried on another engine because one refused or failed them before "
+            "their first token, by why (the engine's error code, unreachable, lost)", ["reason"], registry=self.registry,
+        )
+        self.waiting_for_engine = Gauge(
+            "k25_gateway_waiting_for_engine", "Requests waiting for an engine to register (a pool starting from zero)",
+            registry=self.registry,
+        )
+        self.engine_waits = Counter(
+            "k25_gateway_engine_waits", "Requests that waited for an engine to register, by outcome (served, timed_out)",
+            ["outcome"], registry=self.registry,
+        )

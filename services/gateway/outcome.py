@@ -19,13 +19,16 @@ class RequestOutcome:
     """Books one request's end exactly once: accounting, metrics, the in-flight count, and
     the span that covers its trip to the engines (its context goes to them in the Job)."""
 
-    def __init__(self, gateway, pool: str, started: float, job: Job, chat: bool, parent_span):
-        self.gateway, self.pool, self.started = gateway, pool, started
+    def __init__(self, gateway, pool: str | None, started: float, job: Job, chat: bool, parent_span):
+        """`pool`: the pool whose demand the request is (dispatch.demand_pool); None when no
+        pool the gateway knows of would hold it."""
+        self.gateway, self.pool, self.started = gateway, pool or "unrouted", started
         self.adapter = job.adapter
         self.expected_cached_tokens = 0  # what the prefix index expected the chosen engine to hold
         self._first_token_seen = False
         self._done = False
-        gateway.accounting.arrived(pool, started)
+        if pool is not None:
+            gateway.accounting.arrived(pool, started)
         gateway.inflight += 1
         gateway.metrics.inflight.inc()
         operation = "chat" if chat else "text_completion"

@@ -5,9 +5,14 @@ own connections tell it if one of them dies) and reports the outage in /readyz a
 A Redis that comes back may have lost every key: engines seen before the outage stay in the
 view for one heartbeat TTL after it (each its own, as its last entry said), the time they
 have to register again.
+
+It also keeps the pools the gateway knows of: those its settings name, and every pool an
+engine has registered in since the gateway started, also once its engines are gone (a
+pool scaled to zero is still a pool that demand can wake).
 """
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -15,22 +20,37 @@ import redis
 
 from common.redis_keys import live_engines
 from common.rollout_keys import RolloutState, RolloutStateError, read_all_rollouts
-from services.gateway.routing import EngineView
+from services.gateway.routing import EngineView, PoolInfo, known_pools
 
 log = logging.getLogger(__name__)
 
 
 class RegistryView:
-    def __init__(self, client: redis.Redis, release: str):
+    def __init__(self, client: redis.Redis, release: str, pools: tuple[tuple[str, int], ...] = ()):
+        """`pools`: (name, chunk_size) of the pools the settings name."""
         self.client = client
         self.release = release
         self._recovered_at: float | None = None  # when Redis last came back after an outage
+        self._refreshed = asyncio.Event()  # set (and replaced) by every refresh
         self.engines: list[EngineView] = []
+        self.pools: dict[str, PoolInfo] = {name: PoolInfo(name, chunk_size) for name, chunk_size in pools}
         self.rollouts: dict[str, RolloutState] = {}  # adapter -> its rollout state
         self.redis_ok: bool | None = None  # None until the first read
         self.last_read_at: float | None = None
 
+    async def wait_for_refresh(self, timeout_s: float) -> None:
+        """Return after the next refresh, or after `timeout_s`, whichever comes first."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._refreshed.wait(), max(0.0, timeout_s))
+
     async def refresh(self) -> None:
+        try:
+            await self._refresh()
+        finally:
+            self._refreshed.set()
+            self._refreshed = asyncio.Event()
+
+    async def _refresh(self) -> None:
         try:
             entries, rollouts = await asyncio.to_thread(self._read)
         except redis.RedisError as exc:
@@ -52,6 +72,7 @@ class RegistryView:
             fresh += [e for e in self.engines
                       if e.engine_id not in fresh_ids and now < self._recovered_at + e.heartbeat_ttl_s]
         self.engines = fresh
+        self.pools.update((pool.name, pool) for pool in known_pools(fresh))
         self.rollouts = rollouts
         self.redis_ok = True
         self.last_read_at = now

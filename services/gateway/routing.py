@@ -16,8 +16,19 @@ Those whose last heartbeat reported them past their KV admission limit or with t
 full come last rather than not at all, since a heartbeat is up to a second old and the
 engine's own admission check is the one that counts (a refusal costs one round trip). Both
 limits are the engine's own, from its heartbeat: the gateway keeps no copy of them.
+
+Health: an engine whose entry says it is unhealthy or draining is never chosen (it refuses
+new work anyway). One with recent errors (those this gateway saw from it, plus the failed
+steps it reports) comes after every engine without, fewest errors first: an engine that
+fails every request at once would otherwise look idle and draw all the traffic. It is
+still tried when nothing else takes the request, since its errors may have passed.
+
+Pools without engines: the gateway knows pools from its settings and from every engine it
+has seen (PoolInfo). A request's demand counts against the pool it prefers among those
+(`preferred_pool`), live or not, so that a pool scaled to zero is woken by its own demand.
 """
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -47,6 +58,13 @@ class EngineView:
     adapters: tuple[str, ...] = ()
     block_size: int = 0  # tokens per KV block, the unit of its prefix-cache hashes; 0: no prefix cache
     incarnation: str = ""  # changes when the engine restarts (and its cache empties)
+    healthy: bool = True  # false: its steps are failing, it refuses new work
+    draining: bool = False  # true: it is shutting down, it refuses new work
+    step_failures: int = 0  # its recently failed steps, as it reports them
+
+    @property
+    def routable(self) -> bool:
+        return self.healthy and not self.draining
 
     @classmethod
     def from_entry(cls, engine_id: str, entry: dict) -> "EngineView | None":
@@ -70,11 +88,16 @@ class EngineView:
                 adapters=tuple(str(a) for a in entry.get("adapters", ())),
                 block_size=int(entry.get("block_size", 0)) if entry.get("prefix_caching") else 0,
                 incarnation=str(entry.get("incarnation", "")),
+                # engines older than these fields are healthy and not draining
+                healthy=_flag(entry, "healthy", True),
+                draining=_flag(entry, "draining", False),
+                step_failures=int(entry.get("step_failures") or 0),
             )
         except (KeyError, TypeError, ValueError):
             return None
         sane = (view.chunk_size > 0 and view.max_model_len > 0 and 0.0 <= view.kv_admission_limit <= 1.0
-                and view.max_waiting >= 0 and view.heartbeat_ttl_s > 0 and view.block_size >= 0)  # NaN fails every comparison
+                and view.max_waiting >= 0 and view.heartbeat_ttl_s > 0 and view.block_size >= 0
+                and view.step_failures >= 0)  # NaN fails every comparison
         return view if sane else None
 
 
@@ -87,8 +110,17 @@ class PoolRoute:
     engines: tuple[EngineView, ...]
 
 
+@dataclass(frozen=True)
+class PoolInfo:
+    """A pool the gateway knows of, with or without live engines."""
+
+    name: str
+    chunk_size: int
+    max_model_len: int | None = None  # None: no engine of it seen yet (it came from the settings)
+
+
 class Refusal(Enum):
-    NO_ENGINES = "no_engines"  # nothing is registered: 503
+    NO_ENGINES = "no_engines"  # no routable engine: 503
     NEVER_FITS = "never_fits"  # longer than every pool's context: 400 at once
 
 
@@ -96,18 +128,23 @@ class Refusal(Enum):
 class RoutePlan:
     routes: tuple[PoolRoute, ...] = ()
     refusal: Refusal | None = None
-    pool: str | None = None  # the preferred pool it fits: demand counts there, even when it is full
+    pool: str | None = None  # the preferred pool it fits among those with engines, even when it is full
     max_context: int = 0  # the largest context among live engines, for the error message
+    errors: tuple[tuple[str, int], ...] = ()  # (engine id, recent errors) of those that have some
 
 
 def plan_route(engines: list[EngineView], prompt_tokens: int, max_tokens: int,
                open_requests: dict[str, int] | None = None, turn: int = 0,
-               cached_share: dict[str, float] | None = None) -> RoutePlan:
+               cached_share: dict[str, float] | None = None, recent_errors: dict[str, int] | None = None) -> RoutePlan:
     """`open_requests`: this gateway's requests open per engine id; `turn`: a number that
     changes from one request to the next (it rotates the order of otherwise equal engines);
-    `cached_share`: per engine id, the share of the prompt its prefix cache holds (0..1)."""
+    `cached_share`: per engine id, the share of the prompt its prefix cache holds (0..1);
+    `recent_errors`: per engine id, the errors this gateway saw from it lately."""
+    engines = [e for e in engines if e.routable]
     if not engines:
         return RoutePlan(refusal=Refusal.NO_ENGINES)
+    errors = {e.engine_id: (recent_errors or {}).get(e.engine_id, 0) + e.step_failures for e in engines}
+    errors = {engine_id: count for engine_id, count in errors.items() if count}
     needed = prompt_tokens + max_tokens
     pools: dict[str, list[EngineView]] = {}
     for engine in engines:
@@ -116,7 +153,7 @@ def plan_route(engines: list[EngineView], prompt_tokens: int, max_tokens: int,
 
     routes = []
     for pool, members in pools.items():
-        chunk_size = _pool_chunk_size(members)
+        chunk_size = pool_chunk_size(members)
         fitting = [e for e in members if e.max_model_len >= needed and e.chunk_size == chunk_size]
         if not fitting:
             continue
@@ -129,23 +166,35 @@ def plan_route(engines: list[EngineView], prompt_tokens: int, max_tokens: int,
         def rotation(e: EngineView) -> int:
             return (ids.index(e.engine_id) - turn) % len(ids)
 
+        def standing(e: EngineView) -> tuple[int, int]:
+            return _standing(e, errors), errors.get(e.engine_id, 0)
+
         if any(share.values()):
-            fitting.sort(key=lambda e: (_reported_full(e), load(e) - CACHE_AFFINITY_REQUESTS * share[e.engine_id],
+            fitting.sort(key=lambda e: (standing(e), load(e) - CACHE_AFFINITY_REQUESTS * share[e.engine_id],
                                         -e.free_kv_fraction, rotation(e)))
         else:
-            fitting.sort(key=lambda e: (_reported_full(e), -round(e.free_kv_fraction * KV_STEPS), load(e), rotation(e)))
+            fitting.sort(key=lambda e: (standing(e), -round(e.free_kv_fraction * KV_STEPS), load(e), rotation(e)))
         routes.append(PoolRoute(pool, chunk_size, tuple(fitting)))
     if not routes:
         return RoutePlan(refusal=Refusal.NEVER_FITS, max_context=max_context)
     routes.sort(key=lambda r: _pool_preference(r.chunk_size, prompt_tokens))
-    return RoutePlan(routes=tuple(routes), pool=routes[0].pool, max_context=max_context)
+    return RoutePlan(routes=tuple(routes), pool=routes[0].pool, max_context=max_context, errors=tuple(errors.items()))
 
 
 def attempts(plan: RoutePlan) -> list[tuple[PoolRoute, EngineView]]:
-    """The order to try engines in: every engine not reported full, pools in order of
-    preference, then the ones reported full, in the same order."""
+    """The order to try engines in: every engine neither reported full nor with recent
+    errors, pools in order of preference, then the ones reported full, then those with
+    recent errors, each in the same order."""
+    errors = dict(plan.errors)
     pairs = [(route, engine) for route in plan.routes for engine in route.engines]
-    return sorted(pairs, key=lambda pair: _reported_full(pair[1]))  # stable: keeps the rest of the order
+    return sorted(pairs, key=lambda pair: _standing(pair[1], errors))  # stable: keeps the rest of the order
+
+
+def _standing(engine: EngineView, errors: dict[str, int]) -> int:
+    """0: try it first; 1: reported full; 2: it failed lately."""
+    if errors.get(engine.engine_id):
+        return 2
+    return 1 if _reported_full(engine) else 0
 
 
 def _reported_full(engine: EngineView) -> bool:
@@ -153,7 +202,47 @@ def _reported_full(engine: EngineView) -> bool:
     return 1.0 - engine.free_kv_fraction > engine.kv_admission_limit or engine.waiting >= engine.max_waiting
 
 
-def _pool_chunk_size(members: list[EngineView]) -> int:
+def _flag(entry: dict, name: str, default: bool) -> bool:
+    value = entry.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):  # "false" would read as true
+        raise TypeError(f"{name} must be a boolean, got {value!r}")
+    return value
+
+
+def known_pools(engines: list[EngineView]) -> list[PoolInfo]:
+    """The pools these engines make up, whatever their health: each with its chunk_size and
+    the largest context among its engines."""
+    members: dict[str, list[EngineView]] = {}
+    for engine in engines:
+        members.setdefault(engine.pool, []).append(engine)
+    return [PoolInfo(pool, pool_chunk_size(group), max(e.max_model_len for e in group)) for pool, group in members.items()]
+
+
+def preferred_pool(pools: Iterable[PoolInfo], prompt_tokens: int, max_tokens: int) -> PoolInfo | None:
+    """The pool a request would go to if every known pool had engines: the one whose demand it is."""
+    needed = prompt_tokens + max_tokens
+    fitting = [p for p in pools if p.max_model_len is None or p.max_model_len >= needed]
+    return min(fitting, key=lambda p: (_pool_preference(p.chunk_size, prompt_tokens), p.name), default=None)
+
+
+def pools_without_engines(pools: Iterable[PoolInfo], engines: list[EngineView], prompt_tokens: int,
+                          max_tokens: int) -> list[PoolInfo]:
+    """Known pools with no routable engine whose context may hold the request, preferred
+    first: those an engine may yet come for (a pool scaling up from zero)."""
+    live = {e.pool for e in engines if e.routable}
+    needed = prompt_tokens + max_tokens
+    waiting = [p for p in pools if p.name not in live and (p.max_model_len is None or p.max_model_len >= needed)]
+    return sorted(waiting, key=lambda p: (_pool_preference(p.chunk_size, prompt_tokens), p.name))
+
+
+def largest_context(pools: Iterable[PoolInfo]) -> int | None:
+    """The largest context of any known pool; None while no pool's context is known."""
+    return max((p.max_model_len for p in pools if p.max_model_len is not None), default=None)
+
+
+def pool_chunk_size(members: list[EngineView]) -> int:
     # engines of one pool share a chunk_size; if a rollout briefly mixes two, the most common wins
     sizes = [e.chunk_size for e in members]
     return max(set(sizes), key=lambda s: (sizes.count(s), s))

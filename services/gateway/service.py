@@ -21,8 +21,9 @@ from services.gateway.accounting import RequestAccounting, write_counts
 from services.gateway.api_keys import Caller
 from services.gateway.canary import AdapterChoice, UnknownModel, choose_adapter
 from services.gateway.chunker_client import ChunkerClient
-from services.gateway.dispatch import EngineLost, Job, open_stream, plan_pool
+from services.gateway.dispatch import Dispatcher, EngineLost, Job, demand_pool
 from services.gateway.engine_client import EngineConnections
+from services.gateway.engine_errors import RecentErrors
 from services.gateway.errors import OpenAIError, invalid_request, overloaded
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_schema import SamplingFields
@@ -40,6 +41,7 @@ from services.gateway.responses import (
     usage_body,
     usage_chunk,
 )
+from services.gateway.routing import largest_context
 from services.gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
@@ -53,8 +55,11 @@ class Gateway:
         self.settings = settings
         self.tokenizer = tokenizer
         self.redis = redis_client
-        self.registry = RegistryView(redis_client, settings.release)
+        self.registry = RegistryView(redis_client, settings.release, settings.pools)
+        self.engine_errors = RecentErrors(settings.engine_error_window_s)
         self.connections: EngineConnections | None = None
+        self.dispatcher: Dispatcher | None = None
+        self.started = False  # start() has run: settings, tokenizer and connections are in place
         self.chunker: ChunkerClient | None = None
         self.accounting = RequestAccounting(settings.release)
         self.metrics = GatewayMetrics()
@@ -69,12 +74,16 @@ class Gateway:
     async def start(self) -> None:
         s = self.settings
         self.connections = EngineConnections(s.zmq_sndhwm, s.zmq_rcvhwm, s.zmq_linger_ms)
+        self.dispatcher = Dispatcher(self.connections, self.tokenizer.pad_token_id, self.engine_errors, self.metrics,
+                                     s.engine_connect_timeout_s, self.prefix_index)
         if s.chunker_address:
             address = s.chunker_address if "://" in s.chunker_address else f"tcp://{s.chunker_address}"
             self.chunker = ChunkerClient(address, timeout_s=s.chunker_timeout_s)
         await self.registry.refresh()
+        self.accounting.known_pools.update(self.registry.pools)
         self.kv_events.start()
         self._tasks = [asyncio.create_task(self._refresh_loop()), asyncio.create_task(self._flush_loop())]
+        self.started = True
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -91,10 +100,15 @@ class Gateway:
             await asyncio.sleep(self.settings.registry_refresh_s)
             await self.registry.refresh()
             self.metrics.redis_up.set(1 if self.registry.redis_ok else 0)
+            self.accounting.known_pools.update(self.registry.pools)  # a pool without traffic reads 0 QPS
             self.metrics.engines.clear()
+            self.metrics.unroutable_engines.clear()
             for engine in self.registry.engines:
                 self.metrics.engines.labels(engine.pool).inc()
+                if not engine.routable:
+                    self.metrics.unroutable_engines.labels(engine.pool, "unhealthy" if not engine.healthy else "draining").inc()
             if self.registry.redis_ok:
+                self.engine_errors.retain({e.engine_id for e in self.registry.engines})
                 # before any await: no request is routed by the new registry with the old index
                 self.prefix_index.retain({e.engine_id: e.incarnation for e in self.registry.engines})
                 await self.connections.retain({e.address for e in self.registry.engines})
@@ -153,8 +167,9 @@ class Gateway:
             raise invalid_request(f"prompt token ids must be in [0, {self.tokenizer.vocab_size})", "prompt")
         max_tokens = body.requested_max_tokens()
         if max_tokens is None:
-            room = max((e.max_model_len for e in self.registry.engines), default=0) - len(prompt_ids)
-            max_tokens = max(1, min(s.default_max_tokens, room))
+            context = largest_context(self.registry.pools.values())  # None: no engine seen yet
+            room = s.default_max_tokens if context is None else context - len(prompt_ids)
+            max_tokens = max(1, min(s.default_max_tokens, s.max_tokens_limit, room))
         if max_tokens > s.max_tokens_limit:
             raise invalid_request(f"max_tokens must be at most {s.max_tokens_limit}, got {max_tokens}", "max_tokens")
         logprobs = body.requested_logprobs()
@@ -191,8 +206,7 @@ class Gateway:
         if self.inflight >= self.settings.max_inflight:
             self.metrics.rejected.labels("gateway_full").inc()
             raise overloaded(f"the gateway has {self.inflight} requests in flight (its limit); try again shortly")
-        pool = plan_pool(job, self.registry.engines) or "unrouted"
-        return RequestOutcome(self, pool, time.time(), job, chat, parent_span)
+        return RequestOutcome(self, demand_pool(job, self.registry.pools.values()), time.time(), job, chat, parent_span)
 
     def _failed(self, outcome: RequestOutcome, exc: BaseException) -> None:
         status = exc.status if isinstance(exc, OpenAIError) else 499  # 499: the client went away
@@ -240,9 +254,7 @@ class Gateway:
                 opened.stream.close()
 
     async def _open(self, job: Job, exclude: frozenset[str] = frozenset()):
-        return await open_stream(job, self.registry.engines, self.connections, self.tokenizer.pad_token_id,
-                                 exclude=exclude, connect_timeout_s=self.settings.engine_connect_timeout_s,
-                                 prefix_index=self.prefix_index)
+        return await self.dispatcher.open_waiting(job, self.registry, self.settings.engine_wait_s, exclude)
 
     async def stream(self, job: Job, shape: "ReplyShape", parent_span, epilogue=None) -> StreamingResponse:
         """Start `job` and answer with its server-sent events. The engine is found before the

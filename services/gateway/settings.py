@@ -27,6 +27,12 @@ class GatewaySettings:
     # tenants share cached prompts (False: each tenant's requests carry its name as cache salt)
     prefix_index_max_blocks: int = 262_144
     share_prefix_cache_across_tenants: bool = False
+    # the engine pools (name, chunk_size) there are, also while one has no engine: its demand wakes it
+    pools: tuple[tuple[str, int], ...] = ()
+    # how long a request waits for an engine to register when none can take it (a pool scaling up from zero)
+    engine_wait_s: float = 30.0
+    # how long an error the gateway saw from an engine makes routing try other engines first
+    engine_error_window_s: float = 30.0
 
     @property
     def model_name(self) -> str:

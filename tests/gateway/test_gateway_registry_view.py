@@ -10,6 +10,7 @@ import redis
 from common.redis_keys import register_engine
 from services.gateway import registry_view
 from services.gateway.registry_view import RegistryView
+from services.gateway.routing import PoolInfo
 from tests.helpers.redis_server import redis_client, redis_server  # noqa: F401  (fixtures)
 
 
@@ -58,3 +59,42 @@ def test_after_an_outage_engines_seen_before_stay_for_their_own_heartbeat_ttl(re
     register_engine(redis_client, "rel", "quick", entry("quick", 2.0), ttl_s=REDIS_TTL_S)
     assert refresh_at(view, clock, 1005.0) == {"quick", "slow"}
     assert refresh_at(view, clock, 1012.5) == {"quick"}
+
+
+def test_health_in_the_entries_is_read(redis_client, clock):
+    """Engines that say they are unhealthy or draining stay in the view (they are still
+    registered) but are not routable; an entry without those fields is an older, healthy engine."""
+    register_engine(redis_client, "rel", "old", entry("p", 5.0), ttl_s=REDIS_TTL_S)
+    register_engine(redis_client, "rel", "sick", {**entry("p", 5.0), "healthy": False, "step_failures": 4}, ttl_s=REDIS_TTL_S)
+    register_engine(redis_client, "rel", "leaving", {**entry("p", 5.0), "draining": True}, ttl_s=REDIS_TTL_S)
+    view = RegistryView(redis_client, "rel")
+    assert refresh_at(view, clock, 1000.0) == {"old", "sick", "leaving"}
+    assert {e.engine_id: e.routable for e in view.engines} == {"old": True, "sick": False, "leaving": False}
+
+
+def test_pools_are_known_from_the_settings_and_from_every_engine_seen(redis_client, clock):
+    view = RegistryView(redis_client, "rel", pools=(("short", 64), ("long", 256)))
+    refresh_at(view, clock, 1000.0)
+    assert view.pools == {"short": PoolInfo("short", 64), "long": PoolInfo("long", 256)}  # no engine yet
+    register_engine(redis_client, "rel", "s1", {**entry("short", 5.0), "max_model_len": 512}, ttl_s=REDIS_TTL_S)
+    register_engine(redis_client, "rel", "x1", entry("extra", 5.0), ttl_s=REDIS_TTL_S)
+    refresh_at(view, clock, 1001.0)
+    assert view.pools["short"] == PoolInfo("short", 16, 512)  # the engines say what the pool is
+    assert view.pools["extra"] == PoolInfo("extra", 16, 64)
+    redis_client.flushall()  # every engine gone: the pools are still known, scaled to zero
+    refresh_at(view, clock, 1002.0)
+    assert view.engines == [] and set(view.pools) == {"short", "long", "extra"}
+
+
+def test_waiting_for_a_refresh_ends_with_the_next_one(redis_client):
+    view = RegistryView(redis_client, "rel")
+
+    async def scenario():
+        waiter = asyncio.create_task(view.wait_for_refresh(60))
+        await asyncio.sleep(0)  # the waiter is waiting
+        assert not waiter.done()
+        await view.refresh()
+        await asyncio.wait_for(waiter, 10)
+        await view.wait_for_refresh(0.01)  # and one without a refresh ends at its timeout
+
+    asyncio.run(scenario())

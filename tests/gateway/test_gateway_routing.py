@@ -1,8 +1,20 @@
 """The routing decision as a pure function: pool by length, engine by free KV."""
 
+from dataclasses import replace
+
 import pytest
 
-from services.gateway.routing import EngineView, Refusal, attempts, plan_route
+from services.gateway.routing import (
+    EngineView,
+    PoolInfo,
+    Refusal,
+    attempts,
+    known_pools,
+    largest_context,
+    plan_route,
+    pools_without_engines,
+    preferred_pool,
+)
 
 
 def engine(engine_id, pool="short", chunk_size=256, max_model_len=2048, free=1.0, running=0, waiting=0,
@@ -163,3 +175,88 @@ def test_an_engine_reported_full_comes_last_even_when_it_holds_the_prompt():
     engines = [engine("full", free=0.05), engine("other", running=3)]
     plan = plan_route(engines, 1000, 10, cached_share={"full": 1.0})
     assert [e.engine_id for _, e in attempts(plan)] == ["other", "full"]
+
+
+# --- health: unhealthy and draining engines, recent errors ------------------------------------
+
+def test_engines_unhealthy_or_draining_are_never_chosen():
+    engines = [engine("sick"), engine("leaving"), engine("busy", running=9, free=0.1)]
+    engines[0] = replace(engines[0], healthy=False)
+    engines[1] = replace(engines[1], draining=True)
+    plan = plan_route(engines, 10, 10)
+    assert [e.engine_id for _, e in attempts(plan)] == ["busy"]
+    assert plan_route(engines[:2], 10, 10).refusal is Refusal.NO_ENGINES
+
+
+def test_an_engine_that_failed_lately_comes_after_busier_and_fuller_ones_but_is_still_tried():
+    """It fails fast, so it looks idle: without its errors it would be first every time."""
+    engines = [engine("failing"), engine("busy", running=7, free=0.4), engine("full", free=0.01)]
+    plan = plan_route(engines, 10, 10, recent_errors={"failing": 1})
+    assert [e.engine_id for _, e in attempts(plan)] == ["busy", "full", "failing"]
+
+
+def test_the_engine_s_own_failed_steps_count_as_errors():
+    failing = replace(engine("failing"), step_failures=2)
+    assert order(plan_route([failing, engine("busy", running=5)], 10, 10)) == ["busy", "failing"]
+
+
+def test_among_engines_with_errors_the_one_with_fewest_goes_first():
+    engines = [engine("a"), engine("b", running=4), engine("c")]
+    plan = plan_route(engines, 10, 10, recent_errors={"a": 5, "b": 1, "c": 5}, turn=1)
+    assert order(plan)[0] == "b"
+
+
+def test_errors_outweigh_a_cached_prefix():
+    engines = [engine("warm"), engine("cold", running=2)]
+    plan = plan_route(engines, 1000, 10, cached_share={"warm": 1.0}, recent_errors={"warm": 1})
+    assert order(plan) == ["cold", "warm"]
+
+
+def test_a_pool_s_healthy_engines_go_before_another_pool_s_failing_ones():
+    plan = plan_route([engine("s", pool="short")] + LONG, 100, 10, recent_errors={"s": 1})
+    assert [e.engine_id for _, e in attempts(plan)] == ["l1", "s"]
+
+
+def test_health_fields_are_read_and_default_to_healthy_for_older_engines():
+    assert EngineView.from_entry("e", GOOD_ENTRY).routable
+    view = EngineView.from_entry("e", {**GOOD_ENTRY, "healthy": False, "draining": True, "step_failures": 3,
+                                       "last_step_at": 1700000000.5})
+    assert (view.healthy, view.draining, view.step_failures, view.routable) == (False, True, 3, False)
+    assert EngineView.from_entry("e", {**GOOD_ENTRY, "healthy": None, "step_failures": None}).routable
+
+
+@pytest.mark.parametrize("change", [{"healthy": "false"}, {"draining": 1}, {"step_failures": -1}, {"step_failures": "x"}])
+def test_unreadable_health_fields_leave_the_entry_out(change):
+    assert EngineView.from_entry("e", {**GOOD_ENTRY, **change}) is None
+
+
+# --- pools the gateway knows of, with or without engines --------------------------------------
+
+def test_known_pools_take_the_chunk_size_and_largest_context_of_their_engines():
+    engines = SHORT + LONG + [engine("s3", max_model_len=4096)]
+    assert sorted(known_pools(engines), key=lambda p: p.name) == [
+        PoolInfo("long", 2048, 32768), PoolInfo("short", 256, 4096)]
+
+
+def test_demand_goes_to_the_pool_the_request_prefers_even_without_engines():
+    pools = [PoolInfo("short", 256), PoolInfo("long", 2048, 32768)]  # short: from the settings, never seen
+    assert preferred_pool(pools, 100, 50).name == "short"
+    assert preferred_pool(pools, 3000, 50).name == "long"
+    assert preferred_pool([PoolInfo("short", 256, 2048), PoolInfo("long", 2048, 32768)], 3000, 50).name == "long"
+    assert preferred_pool([PoolInfo("long", 2048, 32768)], 32000, 1000) is None  # fits nowhere
+    assert preferred_pool([], 10, 10) is None
+
+
+def test_pools_an_engine_may_come_for():
+    pools = [PoolInfo("short", 256, 2048), PoolInfo("long", 2048)]
+    # only long may hold a 5000-token request, and it has no engine: one may come
+    assert pools_without_engines(pools, SHORT, 5000, 100) == [PoolInfo("long", 2048)]
+    assert pools_without_engines(pools, SHORT + LONG, 5000, 100) == []
+    sick = replace(LONG[0], healthy=False)
+    assert pools_without_engines(pools, SHORT + [sick], 100, 10) == [PoolInfo("long", 2048)]
+    assert pools_without_engines([PoolInfo("short", 256, 2048)], [], 3000, 10) == []  # too long for it anyway
+
+
+def test_largest_context_is_unknown_until_an_engine_was_seen():
+    assert largest_context([PoolInfo("a", 256)]) is None
+    assert largest_context([PoolInfo("a", 256), PoolInfo("b", 2048, 32768)]) == 32768
