@@ -3,6 +3,7 @@ sampled token to the output processor, which turns it into the request's delta."
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +17,7 @@ from engine.forward_batch import build_forward_batch
 from engine.kv_cache import KVCache
 from engine.loader import LoadedModel
 from engine.lora.adapter import AdapterRef, LoadedAdapter
-from engine.lora.manager import AdapterManager
+from engine.lora.manager import AdapterManager, ReadAdapter
 from engine.lora.settings import check_lora_settings
 from engine.lora.slots import LoRASlots
 from engine.memory_budget import fit_max_chunk_per_gpu
@@ -72,6 +73,10 @@ class LLMEngine:
         self._generators: dict[str, torch.Generator] = {}
         self.num_preemptions = 0
         self.last_step: StepRecord | None = None  # what the latest step computed (for tracing)
+        self.last_forward_failed: bool | None = None  # whether the latest step's forward raised; None: it ran none
+        # test seam: called with the batch inside the step's error handling, just before the forward;
+        # an exception from it fails the step as a failing forward would (see tests/engine/test_engine_health.py)
+        self.before_forward: Callable[[ScheduledBatch], None] | None = None
         log.info(
             "engine ready: %d params, KV %d tokens (%d x chunk %d) in %d blocks on %s",
             model.config.num_parameters(), self.capacity_tokens, self.max_chunk_per_gpu,
@@ -116,12 +121,17 @@ class LLMEngine:
         self.output_processor.add(seq.request_id)
         self.scheduler.add(seq)
 
-    def abort(self, request_id: str) -> RequestOutput | None:
-        """Stop a request now and free its KV blocks; None if it is not here."""
+    def abort(self, request_id: str, error: EngineError | None = None) -> RequestOutput | None:
+        """Stop a request now and free its KV blocks: it ends ABORT, or with `error` when one is
+        given; None if it is not here."""
         seq = self._sequences.get(request_id)
         if seq is None:
             return None
-        return self._finish(seq, FinishReason.ABORT)
+        return self._finish(seq, FinishReason.ABORT if error is None else FinishReason.ERROR, error)
+
+    def unstarted_request_ids(self) -> list[str]:
+        """Requests still waiting for their first step: nothing was computed or sent for them."""
+        return [seq.request_id for seq in self.scheduler.waiting if seq.first_scheduled_time is None]
 
     # --- adapters -------------------------------------------------------------------
 
@@ -129,6 +139,16 @@ class LLMEngine:
         """Make `name@version` servable from `path` under the adapter root; call it between steps,
         from the thread that steps the engine. Raises EngineError (INVALID_ARGUMENT, ADAPTER_NOT_FOUND)."""
         return self.adapters.load(AdapterRef(name, version), path, checksum)
+
+    def read_adapter(self, name: str, version: str, path: str, checksum: str | None = None) -> ReadAdapter:
+        """The slow part of a load (reading, hashing and parsing the files), which touches nothing
+        the engine uses: any thread may call it, and `install_adapter` finishes the load."""
+        return self.adapters.read(AdapterRef(name, version), path, checksum)
+
+    def install_adapter(self, read: ReadAdapter) -> LoadedAdapter:
+        """Make an adapter `read_adapter` returned servable; call it between steps, from the thread
+        that steps the engine."""
+        return self.adapters.register(read)
 
     def unload_adapter(self, name: str, version: str) -> bool:
         """Refuse new requests for `name@version`; those admitted already finish on it."""
@@ -160,6 +180,7 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         self.num_preemptions += len(batch.preempted)
         outputs += self._assign_adapter_slots(batch)
+        self.last_forward_failed = None
         if not batch.items:
             return outputs
         now = time.monotonic()
@@ -171,6 +192,8 @@ class LLMEngine:
             self.block_tables.remove(seq.request_id)
         forward = build_forward_batch(batch.items, self.block_tables, self.config.block_size, self.device)
         try:
+            if self.before_forward is not None:
+                self.before_forward(batch)
             with torch.inference_mode():
                 logits = self.model.forward(forward, self.kv)
             items = []
@@ -186,8 +209,10 @@ class LLMEngine:
             )
         except Exception as exc:  # a failed step fails its requests, never the engine
             log.exception("engine step failed; failing its %d requests", len(batch.items))
+            self.last_forward_failed = True
             error = EngineError(ErrorCode.INTERNAL, f"engine step failed: {exc}")
             return outputs + [self._finish(seq, FinishReason.ERROR, error) for seq, _ in batch.items]
+        self.last_forward_failed = False
         self.last_step = StepRecord(started_ns, time.time_ns(), tuple(items))
         token_time = time.monotonic()
         for seq, token in zip(forward.sampled, sampled):

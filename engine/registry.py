@@ -2,9 +2,13 @@
 
 The facts include the limits by which a gateway judges the engine (its admission limits
 and its heartbeat's TTL): the engine's settings are their one source, gateways keep no
-copies, so an engine started with other limits is judged by its own."""
+copies, so an engine started with other limits is judged by its own. Its health (see
+engine/health.py) is judged when the entry is written, not when the load was last seen: a
+wedged step stops the serving thread from updating anything."""
 
 from dataclasses import dataclass
+
+from engine.health import FRESH, HealthReport
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,7 @@ class EngineStats:
         return self.prefix_hit_tokens / self.prefix_queried_tokens if self.prefix_queried_tokens else 0.0
 
 
-def registry_entry(profile: EngineProfile, stats: EngineStats) -> dict:
+def registry_entry(profile: EngineProfile, stats: EngineStats, health: HealthReport = FRESH) -> dict:
     return {
         "engine_id": profile.engine_id,
         "address": profile.address,
@@ -69,4 +73,5 @@ def registry_entry(profile: EngineProfile, stats: EngineStats) -> dict:
         "prefix_caching": profile.prefix_caching,
         "incarnation": profile.incarnation,
         "prefix_cache_hit_rate": round(stats.prefix_hit_rate, 4),
+        **health.fields(),
     }

@@ -3,13 +3,26 @@ name (stable and canary), loading and unloading them while it serves.
 
 A thread subscribes to the rollouts channel; each announcement names an adapter, whose
 state is read and applied. After every (re)subscription it reconciles all adapters, so
-an announcement missed while Redis was away is caught up. Loads and unloads run on the
-serving thread between two engine steps (`EngineServer.call_between_steps`), so no
-request is dropped: one admitted on a version that is unloaded finishes on it.
+an announcement missed while Redis was away is caught up.
+
+Only an announcement followed by no state is a deletion (common/rollout_keys.py): a
+reconcile that finds no state for an adapter it holds leaves that adapter loaded, since a
+Redis that restarted empty, or lost its keys, is no order to unload every adapter. (A
+deletion missed while Redis was away is therefore caught up only by that adapter's next
+announcement or a restart; no gateway splits traffic onto an adapter without a rollout.)
+
+A version's files are read, hashed and parsed on this thread; only registering the result
+runs on the serving thread, between two engine steps (`EngineServer.call_between_steps`), so
+no request is dropped and no step waits for a disk: one admitted on a version that is
+unloaded finishes on it. A load that fails is tried again by a reconcile, and anything
+unexpected (logged with its traceback) restarts the subscription; both wait a delay that
+doubles from `retry_s` up to `max_retry_s` while the trouble lasts.
 """
 
 import logging
 import threading
+import time
+from concurrent.futures import CancelledError
 
 import redis
 
@@ -23,7 +36,7 @@ LOAD_TIMEOUT_S = 60.0
 
 def adapter_changes(state: RolloutState | None, held_versions: set[str]) -> tuple[list[tuple[str, str, str]], list[str]]:
     """What to load ((version, source, sha256) each) and what to unload (versions) so that
-    an adapter's held versions become those its rollout state names."""
+    an adapter's held versions become those its rollout state names (None: it was deleted)."""
     wanted = {}
     if state is not None:
         wanted[state.stable_version] = (state.stable_source, state.stable_sha256)
@@ -35,11 +48,13 @@ def adapter_changes(state: RolloutState | None, held_versions: set[str]) -> tupl
 
 
 class RolloutWatcher:
-    def __init__(self, client: redis.Redis, release: str, server, retry_s: float = 1.0):
+    def __init__(self, client: redis.Redis, release: str, server, retry_s: float = 1.0, max_retry_s: float = 30.0):
         self.client = client
         self.release = release
         self.server = server
         self.retry_s = retry_s
+        self.max_retry_s = max_retry_s
+        self._delay = retry_s  # the wait before the next retry: doubles while trouble lasts
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rollout-watcher", daemon=True)
 
@@ -57,42 +72,74 @@ class RolloutWatcher:
             held.setdefault(name, set()).add(version)
         return held
 
-    def sync(self, adapter: str, state: RolloutState | None) -> None:
-        to_load, to_unload = adapter_changes(state, self._held().get(adapter, set()))
+    def sync(self, adapter: str, state: RolloutState | None, deleted: bool = False) -> bool:
+        """Make the adapter's held versions those `state` names; without a state, unload them only
+        when the rollout was `deleted` (announced, then gone). False if a version failed to load."""
+        held = self._held().get(adapter, set())
+        if state is None and not deleted:
+            if held:
+                log.warning("rollout watcher: Redis holds no rollout state for adapter %s; keeping %s loaded until "
+                            "a deletion is announced", adapter, ", ".join(sorted(held)))
+            return True
+        to_load, to_unload = adapter_changes(state, held)
         engine = self.server.engine
+        loaded_all = True
         for version, source, sha256 in to_load:
-            call = self.server.call_between_steps(lambda v=version, s=source, c=sha256: engine.load_adapter(adapter, v, s, c))
             try:
-                call.result(timeout=LOAD_TIMEOUT_S)
+                read = engine.read_adapter(adapter, version, source, sha256)
+                self.server.call_between_steps(lambda r=read: engine.install_adapter(r)).result(timeout=LOAD_TIMEOUT_S)
                 log.info("loaded adapter %s@%s from %s", adapter, version, source)
             except EngineError as exc:
                 log.error("cannot load adapter %s@%s from %s: %s", adapter, version, source, exc.message)
+                loaded_all = False
         for version in to_unload:
             self.server.call_between_steps(lambda v=version: engine.unload_adapter(adapter, v)).result(timeout=LOAD_TIMEOUT_S)
             log.info("unloaded adapter %s@%s", adapter, version)
+        return loaded_all
 
-    def sync_all(self) -> None:
+    def sync_all(self) -> bool:
+        """Reconcile every adapter with its state; False if a version failed to load."""
         states = read_all_rollouts(self.client, self.release)
-        for adapter in sorted(set(states) | set(self._held())):
-            self.sync(adapter, states.get(adapter))
+        results = [self.sync(adapter, states.get(adapter)) for adapter in sorted(set(states) | set(self._held()))]
+        return all(results)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
             try:
-                pubsub.subscribe(rollout_channel(self.release))
-                self.sync_all()  # after subscribing: nothing announced from now on is missed
-                while not self._stop.is_set():
-                    message = pubsub.get_message(timeout=0.5)
-                    if message is None:
-                        continue
-                    adapter = message["data"].decode() if isinstance(message["data"], bytes) else str(message["data"])
-                    self.sync(adapter, read_rollout(self.client, self.release, adapter))
+                self._watch()
             except redis.RedisError as exc:
-                log.warning("rollout watcher: Redis unreachable (%s); retrying in %.0f s", exc, self.retry_s)
-                self._stop.wait(self.retry_s)
-            except (RolloutStateError, ValueError) as exc:  # a bad state or name must not stop the watcher
-                log.error("rollout watcher: unusable rollout state (%s); reconciling again in %.0f s", exc, self.retry_s)
-                self._stop.wait(self.retry_s)
-            finally:
-                pubsub.close()
+                log.warning("rollout watcher: Redis unreachable (%s); retrying in %g s", exc, self._delay)
+            except RolloutStateError as exc:  # a bad state must not stop the watcher
+                log.error("rollout watcher: unusable rollout state (%s); reconciling again in %g s", exc, self._delay)
+            except CancelledError:  # the server closed while a load or unload waited for it: the engine is stopping
+                return
+            except Exception:
+                log.exception("rollout watcher: unexpected error; it goes on, subscribing again in %g s", self._delay)
+            if self._stop.wait(self._delay):
+                return
+            self._delay = min(self._delay * 2, self.max_retry_s)
+
+    def _watch(self) -> None:
+        """Subscribe, reconcile, then apply announcements until stopped; raises on trouble."""
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        try:
+            pubsub.subscribe(rollout_channel(self.release))
+            reconcile_at: float | None = 0.0  # now, after subscribing: nothing announced from now on is missed
+            load_delay = self.retry_s
+            while not self._stop.is_set():
+                if reconcile_at is not None and time.monotonic() >= reconcile_at:
+                    if self.sync_all():
+                        reconcile_at, load_delay, self._delay = None, self.retry_s, self.retry_s
+                    else:
+                        log.info("rollout watcher: trying the failed loads again in %g s", load_delay)
+                        reconcile_at = time.monotonic() + load_delay
+                        load_delay = min(load_delay * 2, self.max_retry_s)
+                message = pubsub.get_message(timeout=0.5)
+                if message is None:
+                    continue
+                data = message["data"]
+                adapter = data.decode() if isinstance(data, bytes) else str(data)
+                if not self.sync(adapter, read_rollout(self.client, self.release, adapter), deleted=True) and reconcile_at is None:
+                    reconcile_at = time.monotonic() + load_delay
+        finally:
+            pubsub.close()

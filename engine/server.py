@@ -11,7 +11,20 @@ with a Final whose finish_reason is ABORT; a cancel for a request that has alrea
 finished, or that another peer sent, is ignored. A frame that is not [identity,
 ClientMessage] is answered with an Error INVALID_ARGUMENT (request_id empty when it could
 not be read). A peer that disconnects has its requests aborted. On shutdown every request
-still running is answered with an Error CANCELLED (one batch per peer).
+still running is answered with an Error CANCELLED (one batch per peer). A frame longer
+than `max_frame_bytes` never reaches the server: ZMQ drops it and disconnects its peer.
+
+Draining (`begin_drain`, then `drain`): new requests are refused with CANCELLED, which a
+gateway retries on another engine; requests still queued for their first step are handed
+back the same way at once (nothing was computed or sent for them); the ones that started
+run on until they finish or the drain ends, and whatever is left then ends with an Error
+CANCELLED. A request that streamed tokens is never ended silently and never as a normal
+Final: its client learns that the answer is incomplete.
+
+Health (engine/health.py): every step is recorded. While the engine is unhealthy it refuses
+new requests with CANCELLED before doing anything, and when it is unhealthy because steps
+failed and it has nothing left to run, it runs a one-token probe request of its own every
+`health_probe_interval_s`, so that one successful step can make it healthy again.
 
 One thread runs `serve`: it blocks on the socket while the engine is idle, and between
 steps only looks for frames without waiting. Frames wait in an Outbox when a peer's
@@ -35,11 +48,13 @@ import zmq
 from common.zmq_router import bind_router
 from engine.base.errors import EngineError, ErrorCode
 from engine.engine import LLMEngine
+from engine.health import HealthReport, HealthSettings, StepHealth
 from engine.kv_events import KVEventPublisher
 from engine.metrics import EngineMetrics
 from engine.outbox import Outbox
 from engine.registry import EngineStats
-from engine.request import RequestOutput
+from engine.request import EngineRequest, RequestOutput
+from engine.sampling_params import SamplingParams
 from engine.tracing import RequestTraces
 from engine.wire import (
     decode_client_message,
@@ -57,11 +72,15 @@ log = logging.getLogger(__name__)
 LOG_FIRST_MALFORMED = 10
 LOG_EVERY_MALFORMED = 1000
 
+DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
+PROBE_REQUEST_PREFIX = "k25-health-probe-"
+
 
 @dataclass(frozen=True)
 class ServerSettings:
     port: int = 5555  # 0: any free port (see EngineServer.port)
-    bind_host: str = "*"
+    bind_host: str = "0.0.0.0"
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES  # longer frames are dropped by ZMQ, their peer disconnected
     sndhwm: int = 5000
     rcvhwm: int = 5000
     linger_ms: int = 1000
@@ -72,6 +91,8 @@ class ServerSettings:
     max_pending_messages: int = 5000
     # "name@version" whose requests are failed on purpose (INTERNAL): how tests make a bad canary
     faulty_adapters: frozenset[str] = frozenset()
+    health: HealthSettings = HealthSettings()
+    health_probe_interval_s: float = 5.0  # how often an engine unhealthy from failed steps tries a step of its own
 
 
 @dataclass
@@ -89,9 +110,17 @@ class EngineServer:
         self.settings = settings
         self.metrics = metrics or EngineMetrics()
         self.traces = RequestTraces()  # the command names its engine and pool once it knows them
+        if settings.max_frame_bytes < 1:
+            raise ValueError(f"max_frame_bytes must be at least 1, got {settings.max_frame_bytes}")
+        self.health = StepHealth(settings.health)
+        self.draining = False
+        self._next_probe_at = 0.0  # monotonic
+        self._probes = 0
         self._context = zmq.Context()
-        self.socket, self.port = bind_router(self._context, settings.bind_host, settings.port, settings.sndhwm,
-                                             settings.rcvhwm, settings.linger_ms, {zmq.ROUTER_MANDATORY: 1})
+        self.socket, self.port = bind_router(
+            self._context, settings.bind_host, settings.port, settings.sndhwm, settings.rcvhwm, settings.linger_ms,
+            {zmq.ROUTER_MANDATORY: 1, zmq.MAXMSGSIZE: settings.max_frame_bytes},
+        )
         self._outbox = Outbox(self.socket)
         self._routes: dict[str, _Route] = {}
         self.malformed_frames = 0
@@ -108,9 +137,14 @@ class EngineServer:
     # --- the loop -----------------------------------------------------------------------
 
     def serve(self, stop: threading.Event) -> None:
+        """Serve until `stop.is_set()` (an Event, or anything with that method)."""
         log.info("engine server listening on tcp://%s:%d", self.settings.bind_host, self.port)
         while not stop.is_set():
             self.run_once()
+
+    def health_report(self) -> HealthReport:
+        """Safe to call from any thread."""
+        return self.health.report(self.draining)
 
     def call_between_steps(self, fn: Callable[[], object]) -> Future:
         """Run `fn` on the serving thread before its next step (within idle_poll_ms when idle);
@@ -133,6 +167,7 @@ class EngineServer:
 
     def run_once(self) -> None:
         self._run_calls()
+        self._probe_if_due()
         if self._can_step():
             timeout_ms = 0
         elif self._outbox.pending:
@@ -142,21 +177,41 @@ class EngineServer:
         if self.socket.poll(timeout_ms, zmq.POLLIN):
             self._receive()
         if self._can_step():
+            self.health.busy()
             outputs = self.engine.step()
+            self.health.step_finished(self.engine.last_forward_failed)
             self.traces.stepped(self.engine.last_step)
             self._dispatch(outputs)
             if self.kv_events is not None:
                 self.kv_events.add(*self.engine.block_manager.take_events())
+        if not self._can_step():
+            self.health.idle()
         # published before sending, so that a client that has a step's output also sees its load
         self._publish_stats()
-        gone = self._outbox.flush()
-        for identity in gone:
-            self._peer_gone(identity)
-        if gone:
+        if self._flush():
             self._publish_stats()
 
     def _can_step(self) -> bool:
         return self.engine.has_unfinished() and self._outbox.pending < self.settings.max_pending_messages
+
+    def _probe_if_due(self) -> None:
+        """Gateways send an engine that is unhealthy from failed steps nothing, and it would refuse
+        it: a one-token request of its own, whose output goes nowhere, shows whether steps work again."""
+        if self.draining or self.engine.has_unfinished() or not self.health.failing:
+            return
+        now = time.monotonic()
+        if now < self._next_probe_at:
+            return
+        self._next_probe_at = now + self.settings.health_probe_interval_s
+        self._probes += 1
+        chunk = self.engine.config.chunk_size
+        probe = EngineRequest(f"{PROBE_REQUEST_PREFIX}{self._probes}", [self.engine.tokenizer.pad_token_id] * chunk,
+                              SamplingParams(max_tokens=1), chunk, pad_length=chunk - 1)
+        log.info("engine unhealthy (%s); probing with a one-token request", self.health_report().reason)
+        try:
+            self.engine.add_request(probe)
+        except EngineError as error:
+            log.warning("health probe not queued: %s", error.message)
 
     def _publish_stats(self) -> None:
         # one immutable snapshot: the heartbeat thread reads it without touching the engine
@@ -205,6 +260,13 @@ class EngineServer:
             self._refuse(identity, request_id, EngineError(ErrorCode.INTERNAL, f"engine server error: {exc}"))
 
     def _admit(self, identity: bytes, request: k25_pb2.GenerateRequest) -> None:
+        if self.draining:
+            raise EngineError(ErrorCode.CANCELLED, "the engine is draining (shutting down) and takes no new requests; "
+                              "nothing was done, so another engine may serve it")
+        health = self.health_report()
+        if not health.healthy:
+            raise EngineError(ErrorCode.CANCELLED, f"the engine is unhealthy ({health.reason}) and takes no new requests; "
+                              "nothing was done, so another engine may serve it")
         if f"{request.adapter.name}@{request.adapter.version}" in self.settings.faulty_adapters:
             raise EngineError(ErrorCode.INTERNAL, "fault injected for this adapter version (--inject-fault)")
         self.engine.add_request(request_from_proto(request))
@@ -279,19 +341,76 @@ class EngineServer:
 
     # --- shutdown -----------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Answer every running request with CANCELLED, send what the peers take, close."""
-        shutting_down = EngineError(ErrorCode.CANCELLED, "the engine is shutting down")
-        by_peer: dict[bytes, list[k25_pb2.EngineMessage]] = {}
-        for request_id, route in list(self._routes.items()):
-            self.engine.abort(request_id)
-            self.metrics.request_errors.labels(code=shutting_down.code.value).inc()
-            by_peer.setdefault(route.identity, []).append(error_message(request_id, shutting_down))
-        for identity, messages in by_peer.items():
-            self._send(identity, messages)
+    def begin_drain(self) -> None:
+        """Take no more work: new requests are refused with CANCELLED from now on, those still
+        queued for their first step are handed back with CANCELLED at once, and no more
+        prefix-cache changes are announced (the publisher's stop tells gateways to forget this
+        engine's blocks). Call it from the serving thread."""
+        self.draining = True
+        self.kv_events = None
+        self.engine.block_manager.events_enabled = False
+        self.engine.block_manager.take_events()
+        unstarted = self.engine.unstarted_request_ids()
+        self._end(unstarted, EngineError(
+            ErrorCode.CANCELLED, "the engine began draining (shutting down) before this request started; "
+            "nothing was computed or sent, so another engine may serve it"))
+        log.info("draining: %d running requests may finish; %d not started handed back", len(self._routes), len(unstarted))
+        self._publish_stats()
+        self._flush()
+
+    def drain(self, timeout_s: float, hurry: Callable[[], bool] = lambda: False) -> None:
+        """Serve until the running requests have finished and their answers have left, for up
+        to `timeout_s` or until `hurry()` says to stop waiting; then close, ending what is left
+        with CANCELLED."""
+        if not self.draining:
+            self.begin_drain()
+        deadline = time.monotonic() + timeout_s
+        why = ""
+        while self._routes or self._outbox.pending:
+            if time.monotonic() >= deadline:
+                why = f"its drain timeout of {timeout_s:g} s passed"
+            elif hurry():
+                why = "a second stop signal ended its drain"
+            if why:
+                log.warning("drain ended (%s) with %d requests still running: they end CANCELLED", why, len(self._routes))
+                break
+            self.run_once()
+        self.close(f"the engine shut down before this request finished ({why}); the answer is incomplete" if why
+                   else "the engine is shutting down")
+
+    def close(self, why: str = "the engine is shutting down") -> None:
+        """End every request still running with an Error CANCELLED saying `why`, send what the
+        peers take within the linger time, and close the socket."""
+        self._end(list(self._routes), EngineError(ErrorCode.CANCELLED, why))
         self._routes.clear()
+        self._cancel_calls()
         self.traces.close()
-        self._outbox.flush()
-        self.socket.close(linger=self.settings.linger_ms)
+        deadline = time.monotonic() + self.settings.linger_ms / 1000
+        # frames a peer's full queue held back are still here, not in ZMQ: its linger would not send them
+        self._flush()
+        while self._outbox.pending and time.monotonic() < deadline:
+            time.sleep(self.settings.send_retry_ms / 1000)
+            self._flush()
+        self.socket.close(linger=max(0, round((deadline - time.monotonic()) * 1000)))
         self._context.term()
         self._publish_stats()
+
+    def _end(self, request_ids: list[str], error: EngineError) -> None:
+        """End these requests now with `error`, answering their peers (one frame per peer)."""
+        self._dispatch([output for output in (self.engine.abort(rid, error) for rid in request_ids) if output is not None])
+
+    def _flush(self) -> bool:
+        """Send what the peers take now; True if a peer turned out to be gone (its requests aborted)."""
+        gone = self._outbox.flush()
+        for identity in gone:
+            self._peer_gone(identity)
+        return bool(gone)
+
+    def _cancel_calls(self) -> None:
+        """Calls that will never run: their callers stop waiting."""
+        while True:
+            try:
+                _, future = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            future.cancel()

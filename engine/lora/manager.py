@@ -6,11 +6,14 @@ An adapter is in use while a request for it is in the running batch: its slot an
 copy are never given up then; otherwise the least recently used goes first. The scheduler
 keeps at most max_loras adapters in the running batch, so an adapter it admits always finds
 a slot. Weights dropped from the CPU cache are read from disk again when a request needs
-them, and must hash to what was first loaded. Not thread-safe: the engine's thread calls it."""
+them, and must hash to what was first loaded. Not thread-safe: the engine's thread calls it,
+except `read`, which touches none of its state: another thread reads, hashes and parses an
+adapter's files with it, so that the engine's thread only registers the result."""
 
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from engine.base.errors import EngineError, ErrorCode
 from engine.base.model_config import ModelConfig
@@ -21,6 +24,16 @@ from engine.lora.slots import LoRASlots
 from engine.lora.source import parse_checksum, read_adapter_files
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReadAdapter:
+    """An adapter's files read, checked and parsed, not yet registered."""
+
+    ref: AdapterRef
+    path: str
+    sha256: str
+    weights: AdapterWeights
 
 
 class AdapterManager:
@@ -63,32 +76,43 @@ class AdapterManager:
     def load(self, ref: AdapterRef, path: str, checksum: str | None = None) -> LoadedAdapter:
         """Read, check and register an adapter (and fill a free slot with it); loading the same
         files under the same name@version again is a no-op."""
+        existing = self._registered.get(ref.key)
+        if existing is not None:
+            if existing.path == path and (not checksum or parse_checksum(checksum) == existing.sha256):
+                return existing
+            raise _already_loaded(existing)
+        return self.register(self.read(ref, path, checksum))
+
+    def read(self, ref: AdapterRef, path: str, checksum: str | None = None) -> ReadAdapter:
+        """Read an adapter's files, check their checksum and parse them; changes nothing here, so
+        any thread may call it."""
         ref.validate()
         if self.slots is None:
             raise EngineError(ErrorCode.INVALID_ARGUMENT, "LoRA adapters are off on this engine (max_loras=0)")
         expected = parse_checksum(checksum) if checksum else None
-        existing = self._registered.get(ref.key)
-        if existing is not None:
-            if existing.path == path and expected in (None, existing.sha256):
-                return existing
-            raise EngineError(
-                ErrorCode.INVALID_ARGUMENT,
-                f"adapter {ref.key} is already loaded from {existing.path!r} (sha256 {existing.sha256}); "
-                "unload it before loading other files under the same version",
-            )
         files = read_adapter_files(self.root, path)
         if expected is not None and files.sha256 != expected:
             raise EngineError(
                 ErrorCode.INVALID_ARGUMENT, f"adapter {ref.key} at {path!r} has sha256 {files.sha256}, expected {expected}"
             )
-        weights = parse_peft_adapter(files, self.model_config, self.slots.max_rank)
+        return ReadAdapter(ref, path, files.sha256, parse_peft_adapter(files, self.model_config, self.slots.max_rank))
+
+    def register(self, read: ReadAdapter) -> LoadedAdapter:
+        """Make an adapter that `read` returned servable (and fill a free slot with it); the same
+        files under the same name@version again are a no-op."""
+        ref, weights = read.ref, read.weights
+        existing = self._registered.get(ref.key)
+        if existing is not None:
+            if existing.path == read.path and existing.sha256 == read.sha256:
+                return existing
+            raise _already_loaded(existing)
         self.disk_reads += 1
-        adapter = LoadedAdapter(ref, path, files.sha256, weights.rank, tuple(sorted({m for _, m in weights.matrices})))
+        adapter = LoadedAdapter(ref, read.path, read.sha256, weights.rank, tuple(sorted({m for _, m in weights.matrices})))
         self._registered[ref.key] = adapter
         self._cache(adapter, weights)
         if None in self._slot_owner:  # ready before its first request
             self._write_slot(self._slot_owner.index(None), adapter, weights)
-        log.info("loaded adapter %s from %s (rank %d, %s)", ref.key, path, adapter.rank, ", ".join(adapter.modules))
+        log.info("loaded adapter %s from %s (rank %d, %s)", ref.key, read.path, adapter.rank, ", ".join(adapter.modules))
         return adapter
 
     def unload(self, ref: AdapterRef) -> bool:
@@ -167,3 +191,11 @@ class AdapterManager:
             if victim is None:
                 break
             del self._cpu[victim]
+
+
+def _already_loaded(existing: LoadedAdapter) -> EngineError:
+    return EngineError(
+        ErrorCode.INVALID_ARGUMENT,
+        f"adapter {existing.ref.key} is already loaded from {existing.path!r} (sha256 {existing.sha256}); "
+        "unload it before loading other files under the same version",
+    )

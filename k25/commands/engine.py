@@ -2,7 +2,6 @@
 
 import argparse
 import logging
-import signal
 import socket
 import sys
 import threading
@@ -11,6 +10,10 @@ import uuid
 from k25.commands.engine_settings import add_engine_settings, load_for_engine
 
 DEFAULT_MODEL = "smollm2-135m"
+DEFAULT_DRAIN_TIMEOUT_S = 25.0  # inside Kubernetes' default 30 s grace period; the chart sizes its grace period from it
+DEFAULT_STEP_STALL_S = 60.0
+DEFAULT_MAX_FAILED_STEPS = 3
+DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
 
 log = logging.getLogger("k25.engine")
 
@@ -19,10 +22,15 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "engine",
         help="serve the engine to gateways over ZMQ (one GPU, or this CPU)",
-        description="Load a model, serve it on a ZMQ ROUTER socket, heartbeat into Redis and expose Prometheus metrics. "
-        "SIGTERM or SIGINT shuts it down cleanly.",
+        description="Load a model, serve it on a ZMQ ROUTER socket, heartbeat into Redis and expose Prometheus metrics "
+        "(/metrics) and health (/healthz) on the metrics port. SIGTERM or SIGINT drains it: it leaves the registry at once, "
+        "refuses new requests with CANCELLED (gateways retry those elsewhere), lets running ones finish for up to "
+        "--drain-timeout-s, ends the rest with CANCELLED and exits 0; a second signal stops the wait.",
     )
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"smollm2-135m, tiny-random, a .gguf file or a Hugging Face folder (default {DEFAULT_MODEL})")
+    p.add_argument("--model-sha256", action="append", default=[], metavar="FILE=HEX",
+                   help="refuse to start unless FILE (relative to the model's folder: the Hugging Face folder or the "
+                   "one holding the .gguf) has this sha256; repeatable")
     p.add_argument("--chunk-size", type=int, default=256, help="the chunk_size requests must be padded for (default 256)")
     p.add_argument("--max-chunk-per-gpu", type=int, default=None, help="KV capacity in chunks (default: the node type's)")
     p.add_argument("--node-type", default="cpu", help="a100-40g, a100-80g, h100-80g, h200 or cpu (default cpu)")
@@ -37,7 +45,11 @@ def register(subparsers) -> None:
                       help="fail every request for this adapter version with INTERNAL (for testing canary rollbacks)")
     p.add_argument("--pool", default="default", help="the pool this engine serves (default 'default')")
     p.add_argument("--zmq-port", type=int, default=5555, help="ROUTER port (default 5555)")
-    p.add_argument("--metrics-port", type=int, default=9100, help="Prometheus /metrics port; 0 turns it off (default 9100)")
+    p.add_argument("--bind-address", default="0.0.0.0",
+                   help="interface the ZMQ ROUTER and the metrics port listen on, e.g. the pod IP or 127.0.0.1 "
+                   "(default 0.0.0.0: every interface)")
+    p.add_argument("--metrics-port", type=int, default=9100,
+                   help="port of Prometheus /metrics and of /healthz; 0 turns both off (default 9100)")
     p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="registry Redis; '' runs without one")
     p.add_argument("--release", default="k25", help="prefix of every Redis key (default k25)")
     p.add_argument("--advertise-host", default="127.0.0.1", help="host gateways dial, e.g. the pod IP (default 127.0.0.1)")
@@ -46,8 +58,21 @@ def register(subparsers) -> None:
                    help="ZMQ send high-water mark per peer, in frames (one per engine step; default 5000)")
     p.add_argument("--rcvhwm", type=int, default=5000, help="ZMQ receive high-water mark per peer (default 5000)")
     p.add_argument("--linger-ms", type=int, default=1000, help="how long unsent messages may delay shutdown (default 1000)")
+    p.add_argument("--max-frame-bytes", type=int, default=DEFAULT_MAX_FRAME_BYTES,
+                   help="longest frame a client may send; ZMQ drops a longer one and disconnects its sender "
+                   f"(default {DEFAULT_MAX_FRAME_BYTES}, 16 MiB)")
     p.add_argument("--heartbeat-interval-s", type=float, default=1.0, help="registry refresh period (default 1)")
     p.add_argument("--heartbeat-ttl-s", type=float, default=5.0, help="registry entry lifetime without a refresh (default 5)")
+    life = p.add_argument_group("shutdown and health")
+    life.add_argument("--drain-timeout-s", type=float, default=DEFAULT_DRAIN_TIMEOUT_S,
+                      help="after SIGTERM, how long running requests may take to finish before they are ended with "
+                      f"CANCELLED (default {DEFAULT_DRAIN_TIMEOUT_S:g}); give the pod a longer grace period")
+    life.add_argument("--step-stall-s", type=float, default=DEFAULT_STEP_STALL_S,
+                      help="with requests to run and no engine step finished for this long, the engine reports "
+                      f"unhealthy (default {DEFAULT_STEP_STALL_S:g})")
+    life.add_argument("--max-failed-steps", type=int, default=DEFAULT_MAX_FAILED_STEPS,
+                      help="engine steps failing in a row after which it reports unhealthy until one succeeds "
+                      f"(default {DEFAULT_MAX_FAILED_STEPS})")
     add_engine_settings(p)
     p.set_defaults(handler=run)
 
@@ -59,18 +84,26 @@ def run(args: argparse.Namespace) -> int:
     from common.tracing import setup_tracing
     from engine.base.errors import EngineConfigError
     from engine.engine import LLMEngine
+    from engine.health import HealthSettings
     from engine.heartbeat import Heartbeat, registry_client
     from engine.kv_events import KVEventPublisher
     from engine.metrics import EngineMetrics
+    from engine.model_integrity import parse_model_checksums, verify_model_files
     from engine.registry import EngineProfile, registry_entry
     from engine.rollout_watcher import RolloutWatcher
     from engine.server import EngineServer, ServerSettings
+    from engine.shutdown import ShutdownSignals
     from engine.tracing import RequestTraces
 
-    if args.heartbeat_ttl_s <= args.heartbeat_interval_s:
-        print("k25 engine: --heartbeat-ttl-s must be longer than --heartbeat-interval-s", file=sys.stderr)
+    problem = invalid_flags(args)
+    if problem:
+        print(f"k25 engine: {problem}", file=sys.stderr)
         return 2
     try:
+        checksums = parse_model_checksums(args.model_sha256)
+        if checksums:
+            log.info("checking the sha256 of %d model files", len(checksums))
+            verify_model_files(args.model, checksums)
         model, config = load_for_engine(
             args, chunk_size=args.chunk_size, max_chunk_per_gpu=args.max_chunk_per_gpu, node_type=args.node_type,
             max_waiting=args.max_waiting, max_loras=args.max_loras, max_cpu_loras=args.max_cpu_loras,
@@ -81,19 +114,23 @@ def run(args: argparse.Namespace) -> int:
     except (ModelLoadError, EngineConfigError) as exc:
         print(f"k25 engine: {exc}", file=sys.stderr)
         return 2
-    settings = ServerSettings(port=args.zmq_port, sndhwm=args.sndhwm, rcvhwm=args.rcvhwm, linger_ms=args.linger_ms,
-                              faulty_adapters=frozenset(args.inject_fault))
+    settings = ServerSettings(
+        port=args.zmq_port, bind_host=args.bind_address, sndhwm=args.sndhwm, rcvhwm=args.rcvhwm, linger_ms=args.linger_ms,
+        max_frame_bytes=args.max_frame_bytes, faulty_adapters=frozenset(args.inject_fault),
+        health=HealthSettings(max_failed_steps=args.max_failed_steps, step_stall_s=args.step_stall_s),
+    )
     metrics = EngineMetrics()
     try:
         server = EngineServer(engine, settings, metrics)
     except zmq.ZMQError as exc:
-        print(f"k25 engine: cannot listen on ZMQ port {args.zmq_port}: {exc}", file=sys.stderr)
+        print(f"k25 engine: cannot listen on ZMQ port {args.zmq_port} at {args.bind_address}: {exc}", file=sys.stderr)
         return 2
     try:
-        metrics_port = metrics.serve(args.metrics_port) if args.metrics_port else None
+        metrics_port = (metrics.serve(args.metrics_port, args.bind_address, lambda: server.health_report().fields())
+                        if args.metrics_port else None)
     except OSError as exc:
         server.close()
-        print(f"k25 engine: cannot serve metrics on port {args.metrics_port}: {exc}", file=sys.stderr)
+        print(f"k25 engine: cannot serve metrics on port {args.metrics_port} at {args.bind_address}: {exc}", file=sys.stderr)
         return 2
 
     engine_id = args.engine_id or f"{socket.gethostname()}-{server.port}"
@@ -121,38 +158,63 @@ def run(args: argparse.Namespace) -> int:
         watcher = RolloutWatcher(registry_client(args.redis_url), args.release, server)
     if args.redis_url:
         heartbeat = Heartbeat(
-            registry_client(args.redis_url), args.release, engine_id, lambda: registry_entry(profile, server.stats),
+            registry_client(args.redis_url), args.release, engine_id,
+            lambda: registry_entry(profile, server.stats, server.health_report()),
             interval_s=args.heartbeat_interval_s, ttl_s=args.heartbeat_ttl_s,
         )
         if config.prefix_caching:
             kv_events = KVEventPublisher(registry_client(args.redis_url), args.release, engine_id, profile.incarnation)
             server.publish_cache_events(kv_events)
 
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+    signals = ShutdownSignals()
+    signals.install()
     log.info(
-        "engine %s: pool %s, zmq tcp://%s, metrics %s, registry %s",
-        engine_id, args.pool, profile.address, f":{metrics_port}/metrics" if metrics_port else "off", args.redis_url or "off",
+        "engine %s: pool %s, zmq tcp://%s (bound on %s), metrics and health %s, registry %s",
+        engine_id, args.pool, profile.address, args.bind_address,
+        f":{metrics_port} (/metrics, /healthz)" if metrics_port else "off", args.redis_url or "off",
     )
-    if heartbeat is not None:
-        heartbeat.start()
-    if watcher is not None:
-        watcher.start()
-    if kv_events is not None:
-        kv_events.start()
+    for part in (heartbeat, watcher, kv_events):
+        if part is not None:
+            part.start()
+
+    def leave() -> None:
+        """Out of the registry and the gateways' prefix indexes at once, off the serving thread
+        (a slow Redis must not hold up the running requests)."""
+        for part in (heartbeat, kv_events, watcher):  # heartbeat first: gateways stop routing here
+            if part is not None:
+                part.stop()
+
+    leaving = threading.Thread(target=leave, name="leave-registry")
     try:
-        server.serve(stop)
+        server.serve(signals)
+        log.info("engine %s: stop signal; draining for up to %g s (a second signal stops the wait)",
+                 engine_id, args.drain_timeout_s)
+        server.begin_drain()  # refusing before leaving: a gateway that no longer sees this engine gets no new work here
+        leaving.start()
+        server.drain(args.drain_timeout_s, signals.hurry)
     finally:
-        log.info("engine %s shutting down", engine_id)
-        if watcher is not None:
-            watcher.stop()
-        if heartbeat is not None:
-            heartbeat.stop()
-        if kv_events is not None:
-            kv_events.stop()
-        server.close()
+        if not server.socket.closed:  # serving failed: no drain
+            server.close()
+        if leaving.ident is None:
+            leaving.start()
+        leaving.join()
         metrics.close()
         if tracing is not None:
             tracing.shutdown()
+    log.info("engine %s stopped", engine_id)
     return 0
+
+
+def invalid_flags(args: argparse.Namespace) -> str:
+    """What is wrong with the flags that argparse cannot check, or ""."""
+    if args.heartbeat_ttl_s <= args.heartbeat_interval_s:
+        return "--heartbeat-ttl-s must be longer than --heartbeat-interval-s"
+    if not args.drain_timeout_s >= 0:
+        return f"--drain-timeout-s must be 0 or more, got {args.drain_timeout_s}"
+    if not args.step_stall_s > 0:
+        return f"--step-stall-s must be positive, got {args.step_stall_s}"
+    if args.max_failed_steps < 1:
+        return f"--max-failed-steps must be at least 1, got {args.max_failed_steps}"
+    if args.max_frame_bytes < 1:
+        return f"--max-frame-bytes must be at least 1, got {args.max_frame_bytes}"
+    return ""

@@ -6,6 +6,7 @@ import logging
 import pytest
 
 from common.redis_keys import engines_expiry_key, engines_key, live_engines, register_engine
+from engine.health import HealthReport
 from engine.heartbeat import Heartbeat, registry_client
 from engine.registry import EngineProfile, EngineStats, registry_entry
 from tests.helpers.engine_process import wait_until
@@ -27,8 +28,19 @@ def test_the_entry_holds_the_facts_and_the_load():
         "max_model_len": 8192, "kv_admission_limit": 0.9, "max_waiting": 256, "heartbeat_ttl_s": 5.0,
         "free_kv_fraction": 0.75, "running": 3, "waiting": 1, "adapters": [],
         "block_size": 32, "prefix_caching": True, "incarnation": "abc", "prefix_cache_hit_rate": 0.24,
+        "healthy": True, "unhealthy_reason": "", "draining": False, "last_step_at": None, "step_failures": 0,
     }
     assert json.loads(json.dumps(entry)) == entry
+
+
+def test_the_entry_carries_the_health_judged_when_it_is_written():
+    health = HealthReport(healthy=False, reason="its last 3 steps failed", last_step_at=1700000000.12345,
+                          step_failures=4, draining=True)
+    entry = registry_entry(PROFILE, EngineStats(), health)
+    assert {k: entry[k] for k in ("healthy", "unhealthy_reason", "draining", "last_step_at", "step_failures")} == {
+        "healthy": False, "unhealthy_reason": "its last 3 steps failed", "draining": True,
+        "last_step_at": 1700000000.123, "step_failures": 4,
+    }
 
 
 def test_the_registry_is_one_structure_per_release():

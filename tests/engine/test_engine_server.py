@@ -1,11 +1,15 @@
-"""`k25 engine` as a real process: real DEALER sockets, a private Redis, its /metrics.
+"""`k25 engine` as a real process: real DEALER sockets, a private Redis, its /metrics and
+/healthz, its bind address, frame limit and model checksums.
 
 One engine (tiny-random) serves every test of this module."""
 
+import hashlib
+import os
 import subprocess
 import urllib.request
 
 import pytest
+import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.redis_keys import engines_expiry_key
@@ -22,23 +26,34 @@ from tests.helpers.engine_process import (
     generate_message,
     receive,
     receive_until_done,
+    request_id_of,
     send,
     start_engine,
     wait_until,
 )
+from tests.helpers.http_json import get_json
 from tests.helpers.redis_server import module_redis_url  # noqa: F401 (fixture)
 
 CHUNK = 32
 MAX_CHUNKS = 64  # KV for 2,048 tokens: room for a long request to cancel
 MAX_WAITING = 500  # not the default: the heartbeat must report the engine's own
+MAX_FRAME_BYTES = 1 << 20
 
 
 @pytest.fixture(scope="module")
-def engine(module_redis_url, tmp_path_factory):
+def gguf_sha256(smollm2_gguf) -> str:
+    """`--model-sha256` of the file tiny-random's tokenizer comes from (its model folder's)."""
+    with open(smollm2_gguf, "rb") as f:
+        return f"{os.path.basename(smollm2_gguf)}={hashlib.file_digest(f, 'sha256').hexdigest()}"
+
+
+@pytest.fixture(scope="module")
+def engine(module_redis_url, tmp_path_factory, gguf_sha256):
     handle = start_engine(
         module_redis_url, str(tmp_path_factory.mktemp("engine") / "engine.log"),
         "--model", "tiny-random", "--chunk-size", str(CHUNK), "--max-chunk-per-gpu", str(MAX_CHUNKS), "--pool", "short",
-        "--max-waiting", str(MAX_WAITING),
+        "--max-waiting", str(MAX_WAITING), "--bind-address", "127.0.0.1", "--max-frame-bytes", str(MAX_FRAME_BYTES),
+        "--model-sha256", gguf_sha256,
     )
     yield handle
     handle.stop()
@@ -215,5 +230,50 @@ def test_help_lists_the_flags():
     result = subprocess.run([*K25, "engine", "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0
     for flag in ["--model", "--chunk-size", "--max-chunk-per-gpu", "--node-type", "--pool", "--zmq-port", "--metrics-port",
-                 "--redis-url", "--release", "--advertise-host", "--sndhwm", "--rcvhwm", "--linger-ms"]:
+                 "--redis-url", "--release", "--advertise-host", "--sndhwm", "--rcvhwm", "--linger-ms", "--bind-address",
+                 "--max-frame-bytes", "--model-sha256", "--drain-timeout-s", "--step-stall-s", "--max-failed-steps"]:
         assert flag in result.stdout
+
+
+def test_the_engine_listens_only_on_its_bind_address(engine):
+    listening = {c.laddr.port: c.laddr.ip for c in psutil.Process(engine.process.pid).net_connections("tcp")
+                 if c.status == psutil.CONN_LISTEN}
+    assert listening == {engine.zmq_port: "127.0.0.1", engine.metrics_port: "127.0.0.1"}
+
+
+def test_healthz_answers_on_the_metrics_port(engine):
+    status, body = get_json(f"http://127.0.0.1:{engine.metrics_port}/healthz")
+    assert status == 200
+    assert body == {"healthy": True, "unhealthy_reason": "", "draining": False,
+                    "last_step_at": body["last_step_at"], "step_failures": 0}
+
+
+def test_a_frame_over_the_limit_is_dropped_and_the_engine_serves_on(engine, prompt):
+    sender = dealer(engine.address)
+    sender.send(b"\x0a" + b"\x00" * MAX_FRAME_BYTES)  # one byte over: ZMQ drops it (and the link) unread
+    for client in (sender, dealer(engine.address)):  # the sender reconnects on its own; a newcomer is served too
+        message = generate_message(prompt, CHUNK, max_tokens=3)
+        send(client, message)
+        replies = [receive(client)]
+        while replies[-1].WhichOneof("kind") == "delta":
+            replies.append(receive(client))
+        assert {request_id_of(r) for r in replies} == {message.generate.request_id}  # nothing answered the big frame
+        assert replies[-1].final.usage.completion_tokens == 3
+        client.close()
+    assert engine.process.poll() is None and "Traceback" not in engine.log()
+
+
+@pytest.mark.parametrize("checksum, fragment", [
+    ("SmolLM2-135M-Instruct.Q4_1.gguf=" + "0" * 64, "SmolLM2-135M-Instruct.Q4_1.gguf has sha256 "),
+    ("SmolLM2-135M-Instruct.Q4_1.gguf=sha256:" + "0" * 64, ", expected " + "0" * 64),
+    ("no-such-file.safetensors=" + "0" * 64, "no-such-file.safetensors missing"),
+    ("SmolLM2-135M-Instruct.Q4_1.gguf=abc", "64 hex digits"),
+])
+def test_a_model_file_that_does_not_hash_as_told_stops_the_engine_before_it_loads(module_redis_url, checksum, fragment):
+    result = subprocess.run(
+        [*K25, "engine", "--model", "tiny-random", "--model-sha256", checksum, "--zmq-port", "0", "--metrics-port", "0",
+         "--redis-url", ""], capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()[-1:]
+    assert line.startswith("k25 engine: ") and fragment in line and "Traceback" not in result.stderr
