@@ -132,7 +132,8 @@ class LocalStack:
         metrics_port = free_port()  # kept when the engine starts again, so its health URL stays valid
         child = self.group.spawn(name, [
             *self._k25, "engine", "--model", self.args.model, "--pool", pool, "--chunk-size", str(chunk_size),
-            "--zmq-port", "0", "--metrics-port", str(metrics_port), "--redis-url", self.redis_url,
+            "--bind-address", "127.0.0.1", "--zmq-port", "0", "--metrics-port", str(metrics_port),
+            "--drain-timeout-s", str(self.args.drain_timeout_s), "--redis-url", self.redis_url,
             "--release", self.args.release, "--engine-id", name, *self._lora_flags(), *self.args.engine_flag,
         ], ENGINES, self.args.drain_timeout_s + DRAIN_MARGIN_S)
         child.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
