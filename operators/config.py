@@ -1,14 +1,29 @@
 """What the operator is told at start."""
 
+import urllib.parse
 from dataclasses import dataclass
 
 # kopf keeps this finalizer on every resource we handle (the timers and delete handlers ask for it)
 FINALIZER = "k25.io/operator"
+# an operator handles only the EnginePools and AdapterRollouts that carry its release in this label
+RELEASE_LABEL = "k25.io/release"
+# the key of the Redis Secret that holds the URL (with its password) which every k25 process reads
+# as K25_REDIS_URL; the Helm chart makes that Secret
+REDIS_URL_KEY = "redis-url"
 
 
 @dataclass(frozen=True)
 class OperatorConfig:
-    release: str = "k25"  # prefix of every Redis key
-    redis_url: str = "redis://127.0.0.1:6379/0"  # also handed to the engines
+    release: str = "k25"  # prefix of every Redis key, and the release label of the pools it handles
+    redis_url: str = "redis://127.0.0.1:6379/0"  # where the operator reads QPS
+    # the Secret (key REDIS_URL_KEY) that the engines read their Redis URL from; None: the engines
+    # get redis_url as a plain value, which is refused when the URL carries a password
+    redis_secret: str | None = None
     interval_s: float = 5.0  # between autoscaling decisions
     qps_window_s: int = 10  # QPS is the mean over this many complete seconds
+    foreign_recheck_s: float = 30.0  # how often to look whether a foreign Deployment has gone
+
+    def __post_init__(self):
+        if self.redis_secret is None and urllib.parse.urlsplit(self.redis_url).password:
+            raise ValueError("the Redis URL carries a password: name the Secret that holds it (--redis-secret, "
+                             f"key {REDIS_URL_KEY}) so that the engines do not get it in plain text")

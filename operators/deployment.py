@@ -1,8 +1,22 @@
-"""The engine Deployment of one EnginePool, as a manifest built from the pool's spec."""
+"""The engine Deployment of one EnginePool, as a manifest built from the pool's spec.
+
+Stopping an engine: on SIGTERM it leaves the Redis registry at once, refuses new work with a
+code the gateway retries elsewhere, and finishes its running requests within the pool's drain
+timeout. The pod's grace period is that timeout plus a margin for cancelling the rest and
+exiting. There is no preStop hook: gateways find engines in the registry, not through a
+Service's endpoints, so there is no endpoint update to wait for; a preStop sleep would only
+keep the engine in the registry, taking new requests, for longer.
+
+Probes: the startup probe (the ZMQ port open, up to ten minutes) covers loading the model;
+until it succeeds the kubelet runs no liveness probe, so the liveness probe needs no initial
+delay. It then asks the engine's /healthz, which answers 503 once steps keep failing or one
+has stalled, and the kubelet restarts the engine after three such answers in a row.
+"""
 
 import os
 from collections.abc import Mapping
 
+from operators.config import REDIS_URL_KEY, OperatorConfig
 from operators.pool_spec import MODELS_MOUNT, SCRATCH_MOUNT, EnginePoolSpec
 
 POOL_LABEL = "k25.io/pool"
@@ -10,6 +24,11 @@ ZMQ_PORT = 5555
 METRICS_PORT = 9100
 # GPU engines load weights for minutes: give the start that long before liveness counts
 STARTUP_PROBE = {"tcpSocket": {"port": ZMQ_PORT}, "periodSeconds": 10, "failureThreshold": 60}
+LIVENESS_PROBE = {"httpGet": {"path": "/healthz", "port": "metrics"}, "periodSeconds": 10, "timeoutSeconds": 5,
+                  "failureThreshold": 3}
+READINESS_PROBE = {"tcpSocket": {"port": ZMQ_PORT}, "periodSeconds": 5}
+# after the drain timeout: cancelling what still runs, telling the gateways, and exiting
+DRAIN_GRACE_MARGIN_S = 15
 # the models PVC of the Helm chart (`{release}-models`) is mounted read-only at MODELS_MOUNT
 # where pools name their model by path; a model given by name (smollm2-135m, tiny-random) is
 # in the image. The operator's own OTLP endpoint goes to the engines it starts, so that their
@@ -41,14 +60,23 @@ def models_claim_name(release: str) -> str:
     return f"{release}-models"
 
 
-def engine_args(spec: EnginePoolSpec, pool_name: str, redis_url: str, release: str) -> list[str]:
+def termination_grace_s(spec: EnginePoolSpec) -> int:
+    return spec.drain_timeout_s + DRAIN_GRACE_MARGIN_S
+
+
+def engine_args(spec: EnginePoolSpec, pool_name: str, release: str) -> list[str]:
+    """The Redis URL is not among them: the engine reads it from K25_REDIS_URL (engine_env)."""
     args = ["k25", "engine", "--model", spec.model, "--chunk-size", str(spec.chunk_size)]
     if spec.max_chunk_per_gpu is not None:  # else the engine's hardware profile computes it
         args += ["--max-chunk-per-gpu", str(spec.max_chunk_per_gpu)]
-    # $(POD_IP) is expanded by the kubelet from the container's env: gateways dial the pod
+    # $(POD_IP) is expanded by the kubelet from the container's env: the engine listens on the
+    # pod's address only, and gateways dial it there
     args += ["--node-type", spec.node_type, "--pool", pool_name, "--zmq-port", str(ZMQ_PORT),
-             "--metrics-port", str(METRICS_PORT), "--redis-url", redis_url, "--release", release,
-             "--advertise-host", "$(POD_IP)", "--device", "cuda" if spec.gpus_per_replica else "cpu"]
+             "--metrics-port", str(METRICS_PORT), "--release", release, "--bind-address", "$(POD_IP)",
+             "--advertise-host", "$(POD_IP)", "--device", "cuda" if spec.gpus_per_replica else "cpu",
+             "--drain-timeout-s", str(spec.drain_timeout_s)]
+    for file, digest in sorted(spec.model_sha256.items()):
+        args += ["--model-sha256", f"{file}={digest}"]
     # the compute settings the pool sets; the rest are the engine's defaults for its device
     for flag, value in (("--dtype", spec.dtype), ("--max-num-batched-tokens", spec.max_num_batched_tokens),
                         ("--max-num-seqs", spec.max_num_seqs), ("--gpu-memory-utilization", spec.gpu_memory_utilization)):
@@ -85,9 +113,16 @@ def _claim_volume(name: str, claim: str) -> dict:
     return {"name": name, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
 
 
-def engine_env(release: str, operator_env: Mapping[str, str]) -> list[dict]:
-    env = [{"name": "K25_RELEASE", "value": release},
-           {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+def engine_env(config: OperatorConfig, operator_env: Mapping[str, str]) -> list[dict]:
+    """The Redis URL comes from the release's Secret when the operator names one (the URL may
+    carry a password), else as the operator's own URL, which then carries none."""
+    if config.redis_secret is None:
+        redis_url = {"name": "K25_REDIS_URL", "value": config.redis_url}
+    else:
+        redis_url = {"name": "K25_REDIS_URL",
+                     "valueFrom": {"secretKeyRef": {"name": config.redis_secret, "key": REDIS_URL_KEY}}}
+    env = [{"name": "K25_RELEASE", "value": config.release},
+           {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}, redis_url]
     return env + [{"name": name, "value": operator_env[name]} for name in TRACING_ENV if operator_env.get(name)]
 
 
@@ -97,22 +132,30 @@ def owner_reference(pool: dict) -> dict:
             "uid": pool["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
 
 
-def build_deployment(pool: dict, spec: EnginePoolSpec, replicas: int, redis_url: str, release: str,
+def owned_by(deployment: dict, pool_uid: str) -> bool:
+    """Whether the pool may change or delete this Deployment: one of its owner references is
+    the pool. A Deployment of the pool's name that another party made (or that an earlier
+    pool of the same name left for the garbage collector) is not."""
+    return any(ref.get("uid") == pool_uid for ref in deployment.get("metadata", {}).get("ownerReferences") or [])
+
+
+def build_deployment(pool: dict, spec: EnginePoolSpec, replicas: int, config: OperatorConfig,
                      operator_env: Mapping[str, str] = os.environ) -> dict:
     """`operator_env`: the operator's own environment, whose tracing variables the engines get."""
-    name = pool["metadata"]["name"]
+    name, release = pool["metadata"]["name"], config.release
     labels = pod_labels(name, release)
     volumes, mounts = volumes_and_mounts(spec, release)
     resources = {"limits": {"nvidia.com/gpu": str(spec.gpus_per_replica)}} if spec.gpus_per_replica else {}
     container = {
         "name": "engine",
         "image": spec.image,
-        "args": engine_args(spec, name, redis_url, release),
-        "env": engine_env(release, operator_env),
+        "args": engine_args(spec, name, release),
+        "env": engine_env(config, operator_env),
         "ports": [{"name": "zmq", "containerPort": ZMQ_PORT}, {"name": "metrics", "containerPort": METRICS_PORT}],
         "resources": resources,
         "startupProbe": STARTUP_PROBE,
-        "readinessProbe": {"tcpSocket": {"port": ZMQ_PORT}, "periodSeconds": 5},
+        "livenessProbe": LIVENESS_PROBE,
+        "readinessProbe": READINESS_PROBE,
         "securityContext": CONTAINER_SECURITY_CONTEXT,
         "volumeMounts": mounts,
     }
@@ -134,6 +177,7 @@ def build_deployment(pool: dict, spec: EnginePoolSpec, replicas: int, redis_url:
                     "nodeSelector": dict(spec.node_selector),
                     "tolerations": [dict(t) for t in spec.tolerations],
                     "automountServiceAccountToken": False,  # engines never call the Kubernetes API
+                    "terminationGracePeriodSeconds": termination_grace_s(spec),
                     "securityContext": POD_SECURITY_CONTEXT,
                     "containers": [container],
                     "volumes": volumes,

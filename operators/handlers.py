@@ -9,6 +9,11 @@
 - delete: remove the Deployment. The owner reference makes Kubernetes' garbage collector
   do the same, also when the operator is down; kopf's timer puts a finalizer on each pool
   anyway, so deleting explicitly costs nothing and does not depend on the collector.
+
+The handlers see only the pools labelled with the operator's release, and change or delete
+only a Deployment the pool owns (operators.deployment.owned_by). A foreign one of the pool's
+name is left untouched: the pool reports it in its conditions, and the operator looks again
+every `foreign_recheck_s` to create the pool's own once it has gone.
 """
 
 import dataclasses
@@ -20,33 +25,37 @@ import redis
 
 from common.redis_keys import QpsReading, pool_qps
 from operators.autoscale_policy import PoolObservation, decide
-from operators.config import OperatorConfig
-from operators.deployment import build_deployment, deployment_name, pod_selector
+from operators.config import RELEASE_LABEL, OperatorConfig
+from operators.deployment import build_deployment, deployment_name, owned_by, pod_selector
 from operators.pool_signals import pod_signals, qps_series, waiting_requests
 from operators.pool_spec import PoolSpecError, parse_pool_spec
-from operators.pool_status import build_status, pool_pods
+from operators.pool_status import build_status, foreign_deployment_status, pool_pods
 from operators.predictive_policy import decide_predictive
 
 ENGINE_POOLS = ("k25.io", "v1alpha1", "enginepools")
 
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
-    on = dict(registry=registry)
+    on = dict(registry=registry, labels={RELEASE_LABEL: config.release})
 
     @kopf.on.create(*ENGINE_POOLS, **on)
     @kopf.on.resume(*ENGINE_POOLS, **on)
     @kopf.on.update(*ENGINE_POOLS, field="spec", **on)
-    def reconcile_deployment(body, spec, name, namespace, status, memo, patch, logger, **_):
+    def reconcile_deployment(body, spec, name, namespace, uid, status, memo, patch, logger, **_):
         pool_spec = _parse_or_report(spec, status, patch)
         existing = memo.kube.get_deployment(namespace, deployment_name(name))
         if existing is None:
-            manifest = build_deployment(body, pool_spec, pool_spec.initial_replicas(), config.redis_url, config.release)
+            manifest = build_deployment(body, pool_spec, pool_spec.initial_replicas(), config)
             memo.kube.create_deployment(namespace, manifest)
             logger.info(f"created Deployment {deployment_name(name)} with {pool_spec.initial_replicas()} replicas")
             return
+        if not owned_by(existing, uid):
+            patch.status.update(foreign_deployment_status(name, status.get("conditions", []), _now_iso()))
+            raise kopf.TemporaryError(f"Deployment {deployment_name(name)} is not owned by this pool; left untouched",
+                                      delay=config.foreign_recheck_s)
         replicas = existing.get("spec", {}).get("replicas") or 0
         bounded = min(max(replicas, pool_spec.min_replicas), pool_spec.max_replicas)
-        manifest = build_deployment(body, pool_spec, bounded, config.redis_url, config.release)
+        manifest = build_deployment(body, pool_spec, bounded, config)
         memo.kube.patch_deployment(namespace, deployment_name(name), {
             "metadata": {"labels": manifest["metadata"]["labels"],
                          "ownerReferences": manifest["metadata"]["ownerReferences"]},
@@ -54,27 +63,37 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         })
 
     @kopf.on.update(*ENGINE_POOLS, field="spec.replicas", **on)
-    def scale_by_hand(new, spec, name, namespace, status, memo, patch, logger, **_):
+    def scale_by_hand(new, spec, name, namespace, uid, status, memo, patch, logger, **_):
         if new is None:
             return
         pool_spec = _parse_or_report(spec, status, patch)
+        existing = memo.kube.get_deployment(namespace, deployment_name(name))
+        if existing is not None and not owned_by(existing, uid):
+            logger.warning(f"not scaled: Deployment {deployment_name(name)} is not owned by this pool")
+            return
         replicas = pool_spec.initial_replicas()
         memo.kube.scale_deployment(namespace, deployment_name(name), replicas)
         memo.history = ()  # the autoscaler starts over from this size, a full window before going down
         logger.info(f"scaled by hand to {replicas} replicas")
 
     @kopf.on.delete(*ENGINE_POOLS, **on)
-    def delete_deployment(name, namespace, memo, logger, **_):
-        if memo.kube.delete_deployment(namespace, deployment_name(name)):
+    def delete_deployment(name, namespace, uid, memo, logger, **_):
+        existing = memo.kube.get_deployment(namespace, deployment_name(name))
+        if existing is not None and not owned_by(existing, uid):
+            logger.info(f"left Deployment {deployment_name(name)} in place: this pool does not own it")
+        elif existing is not None and memo.kube.delete_deployment(namespace, deployment_name(name)):
             logger.info(f"deleted Deployment {deployment_name(name)}")
 
     @kopf.timer(*ENGINE_POOLS, interval=config.interval_s, **on)
-    def autoscale(spec, name, namespace, status, memo, patch, logger, **_):
+    def autoscale(spec, name, namespace, uid, status, memo, patch, logger, **_):
         try:
             pool_spec = parse_pool_spec(spec)
         except PoolSpecError:
             return  # reconcile_deployment has said why in the conditions
         deployment = memo.kube.get_deployment(namespace, deployment_name(name))
+        if deployment is not None and not owned_by(deployment, uid):
+            patch.status.update(foreign_deployment_status(name, status.get("conditions", []), _now_iso()))
+            return
         pods = memo.kube.list_pods(namespace, pod_selector(name))
         now = time.time()
         decision, reading = None, QpsReading(None, None)

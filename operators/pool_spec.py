@@ -23,6 +23,11 @@ ADAPTER_ROOT = re.compile(r"(/[A-Za-z0-9_-][A-Za-z0-9._-]*)+")
 SCRATCH_MOUNT = "/tmp"
 MODELS_MOUNT = "/models"
 CLAIM_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+# modelSha256: a file of the model (relative to its folder, or the GGUF file's name) -> its digest;
+# the engine gets FILE=HEX, so a file name has no '=' (and is not absolute)
+MODEL_FILE = re.compile(r"[^/=][^=]*")
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+MAX_DRAIN_TIMEOUT_S = 3600
 
 
 class PoolSpecError(ValueError):
@@ -65,6 +70,8 @@ class EnginePoolSpec:
     max_num_seqs: int | None = None
     gpu_memory_utilization: float | None = None
     prefix_caching: bool = True
+    drain_timeout_s: int = 25  # on SIGTERM, running requests get this long to finish
+    model_sha256: dict[str, str] = field(default_factory=dict)  # file -> the sha256 the engine checks
 
     def scaling_rules(self) -> ScalingRules:
         return ScalingRules(min_replicas=self.min_replicas, max_replicas=self.max_replicas,
@@ -114,6 +121,8 @@ def parse_pool_spec(spec: dict) -> EnginePoolSpec:
         max_num_seqs=_optional_integer(spec, "maxNumSeqs", least=1),
         gpu_memory_utilization=_optional_fraction(spec, "gpuMemoryUtilization"),
         prefix_caching=_boolean(spec, "prefixCaching", True),
+        drain_timeout_s=_integer(spec, "drainTimeoutSeconds", 25, least=0, most=MAX_DRAIN_TIMEOUT_S),
+        model_sha256=_model_sha256(spec.get("modelSha256") or {}),
     )
     if parsed.min_replicas > parsed.max_replicas:
         raise PoolSpecError(f"spec.minReplicas ({parsed.min_replicas}) must not exceed "
@@ -168,6 +177,17 @@ def _lora(lora) -> LoraSpec:
     return parsed
 
 
+def _model_sha256(digests) -> dict[str, str]:
+    if not isinstance(digests, dict):
+        raise PoolSpecError(f"spec.modelSha256 must map model files to their sha256, got {digests!r}")
+    for file, digest in digests.items():
+        if not isinstance(file, str) or not MODEL_FILE.fullmatch(file):
+            raise PoolSpecError(f"spec.modelSha256: {file!r} is not a model file name (relative, without '=')")
+        if not isinstance(digest, str) or not SHA256_HEX.fullmatch(digest):
+            raise PoolSpecError(f"spec.modelSha256[{file!r}] must be 64 lowercase hex digits, got {digest!r}")
+    return dict(digests)
+
+
 def _tolerations(spec: dict) -> tuple[dict, ...]:
     tolerations = spec["tolerations"]
     if not isinstance(tolerations, list) or not all(isinstance(t, dict) for t in tolerations):
@@ -180,12 +200,15 @@ def _tolerations(spec: dict) -> tuple[dict, ...]:
     return tuple(tolerations)
 
 
-def _integer(spec: dict, name: str, default: int | None, least: int, path: str = "spec") -> int:
+def _integer(spec: dict, name: str, default: int | None, least: int, path: str = "spec",
+             most: int | None = None) -> int:
     value = spec.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int):
         raise PoolSpecError(f"{path}.{name} must be an integer, got {value!r}")
     if value < least:
         raise PoolSpecError(f"{path}.{name} must be at least {least}, got {value}")
+    if most is not None and value > most:
+        raise PoolSpecError(f"{path}.{name} must be at most {most}, got {value}")
     return value
 
 

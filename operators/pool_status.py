@@ -53,21 +53,33 @@ def build_status(pool_name: str, deployment: dict | None, pods: list[dict], qps:
     if decision is not None:
         conditions["ScalingActive"] = ("False" if decision.lacks_data else "True", decision.reason, decision.message)
 
-    status = {
+    forecast = decision is not None and decision.forecast_qps is not None
+    # every field, None for what is unknown now: the status is merge-patched, and a missing key
+    # would keep showing an old value in `kubectl get enginepools`
+    return {
         "replicas": seen.get("replicas", 0) or 0,
         "readyReplicas": ready,
         "selector": pod_selector(pool_name),
         "deployment": deployment_name(pool_name),
         "conditions": _conditions(conditions, previous, now_iso),
+        "desiredReplicas": None if decision is None else decision.replicas,
+        "observedQPS": None if qps is None else round(qps, 2),
+        "forecastQPS": round(decision.forecast_qps, 2) if forecast else None,
+        "forecastHorizonSeconds": round(decision.forecast_horizon_s) if forecast else None,
     }
-    if decision is not None:
-        status["desiredReplicas"] = decision.replicas
-    if qps is not None:
-        status["observedQPS"] = round(qps, 2)
-    if decision is not None and decision.forecast_qps is not None:
-        status["forecastQPS"] = round(decision.forecast_qps, 2)
-        status["forecastHorizonSeconds"] = round(decision.forecast_horizon_s)
-    return status
+
+
+def foreign_deployment_status(pool_name: str, previous: list[dict], now_iso: str) -> dict:
+    """A Deployment of the pool's name exists that the pool does not own: the operator leaves it
+    alone, so the pool has no replicas and does not scale."""
+    message = (f"Deployment {deployment_name(pool_name)} exists and is not owned by this EnginePool; it is left "
+               f"untouched: delete or rename it to let the pool create its own")
+    conditions = {"Ready": ("False", "ForeignDeployment", message),
+                  "Schedulable": ("Unknown", "ForeignDeployment", message),
+                  "ScalingActive": ("False", "ForeignDeployment", message)}
+    return {"replicas": 0, "readyReplicas": 0, "selector": pod_selector(pool_name), "deployment": None,
+            "conditions": _conditions(conditions, previous, now_iso), "desiredReplicas": None, "observedQPS": None,
+            "forecastQPS": None, "forecastHorizonSeconds": None}
 
 
 def _conditions(current: dict[str, tuple[str, str, str]], previous: list[dict], now_iso: str) -> list[dict]:

@@ -16,7 +16,7 @@ import kopf
 import redis
 
 from common.rollout_keys import NAME_PATTERN, delete_rollout, versioned_name
-from operators.config import FINALIZER, OperatorConfig
+from operators.config import FINALIZER, RELEASE_LABEL, OperatorConfig
 from operators.rollout_spec import RolloutSpecError, parse_rollout_spec
 from operators.rollout_status import invalid_spec_status, redis_unavailable_status, status_from_dict, status_to_dict
 from operators.rollout_step import describe_state, run_step
@@ -25,7 +25,7 @@ ADAPTER_ROLLOUTS = ("k25.io", "v1alpha1", "adapterrollouts")
 
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
-    on = dict(registry=registry)
+    on = dict(registry=registry, labels={RELEASE_LABEL: config.release})  # the rollouts of its own release
 
     @kopf.timer(*ADAPTER_ROLLOUTS, interval=config.interval_s, **on)
     def step_rollout(spec, status, meta, name, memo, patch, logger, **_):

@@ -2,7 +2,12 @@
 
 Two replicas never fight: kopf peering lets only the live operator with the highest
 priority work while the others stand by; each replica draws a random priority unless
-told one, so two never tie (a tie would pause both)."""
+told one, so two never tie (a tie would pause both). The peering record is the release's
+own, so that the operators of two releases in one cluster both work.
+
+Watching given namespaces (`k25 operator --namespace`) needs no cluster-wide permission:
+kopf then discovers the resources once at start instead of watching the CRDs and namespaces,
+and keeps its peering record in each namespace (a KopfPeering, not a ClusterKopfPeering)."""
 
 import logging
 import random
@@ -14,15 +19,25 @@ from operators import handlers, rollout_handlers
 from operators.config import FINALIZER, OperatorConfig
 from operators.kube import KubeApi
 
-PEERING_NAME = "k25-operator"
+
+def peering_name(release: str) -> str:
+    return f"k25-operator-{release}"
 
 
-def operator_settings(settings: kopf.OperatorSettings | None = None) -> kopf.OperatorSettings:
-    settings = settings or kopf.OperatorSettings()
+def operator_settings(namespaced: bool = False) -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
     settings.posting.level = logging.WARNING  # Kubernetes events only for what needs a human
     # the timer and the delete handler make kopf keep a finalizer on each pool
     settings.persistence.finalizer = FINALIZER
+    settings.scanning.disabled = namespaced
     return settings
+
+
+def operator_scope(config: OperatorConfig, namespaces: list[str], priority: int | None, standalone: bool) -> dict:
+    """What kopf is told about where to watch and how to share the work, besides the registry."""
+    return dict(clusterwide=not namespaces, namespaces=namespaces, standalone=standalone,
+                peering_name=None if standalone else peering_name(config.release),
+                priority=priority if priority is not None else random.randint(1, 2**31 - 1))
 
 
 def operator_memo(config: OperatorConfig, kube: KubeApi | None = None) -> kopf.Memo:
@@ -38,13 +53,5 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
 
 def run_operator(config: OperatorConfig, namespaces: list[str], priority: int | None, standalone: bool) -> None:
     kopf.configure(verbose=False)
-    kopf.run(
-        registry=build_registry(config),
-        settings=operator_settings(),
-        memo=operator_memo(config),
-        clusterwide=not namespaces,
-        namespaces=namespaces,
-        standalone=standalone,
-        peering_name=None if standalone else PEERING_NAME,
-        priority=priority if priority is not None else random.randint(1, 2**31 - 1),
-    )
+    kopf.run(registry=build_registry(config), settings=operator_settings(namespaced=bool(namespaces)),
+             memo=operator_memo(config), **operator_scope(config, namespaces, priority, standalone))

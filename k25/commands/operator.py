@@ -1,5 +1,5 @@
 """`k25 operator`: run the operator (EnginePools and AdapterRollouts) against the current kube context (or the
-service account when it runs in a pod)."""
+service account when it runs in a pod). It handles only the resources labelled k25.io/release=<release>."""
 
 import os
 
@@ -7,17 +7,25 @@ import os
 def register(subparsers) -> None:
     parser = subparsers.add_parser("operator", help="run the operator for EnginePools and AdapterRollouts (kopf)", description=__doc__)
     parser.add_argument("--namespace", "-n", action="append", default=[],
-                       help="watch this namespace (repeatable); default: the whole cluster")
+                       help="watch this namespace (repeatable); default: the whole cluster. With namespaces, the "
+                            "operator needs no cluster-wide permission and keeps its peering record (a KopfPeering) "
+                            "in each of them")
     parser.add_argument("--release", default=os.environ.get("K25_RELEASE", "k25"),
-                        help="release name, the prefix of every Redis key (default: $K25_RELEASE or k25)")
+                        help="release name: the prefix of every Redis key, and the k25.io/release label of the "
+                             "EnginePools and AdapterRollouts this operator handles (default: $K25_RELEASE or k25)")
     parser.add_argument("--redis-url", default=os.environ.get("K25_REDIS_URL", "redis://127.0.0.1:6379/0"),
                         help="where the gateways count requests (default: $K25_REDIS_URL)")
+    parser.add_argument("--redis-secret", default=os.environ.get("K25_REDIS_SECRET") or None,
+                        help="the Secret, in each pool's namespace, whose key redis-url the engines read as "
+                             "K25_REDIS_URL (default: $K25_REDIS_SECRET); without one they get --redis-url as a "
+                             "plain value, which must then carry no password")
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between autoscaling decisions")
     parser.add_argument("--priority", type=int, default=None,
-                        help="peering priority; the highest live operator works, the others stand by "
+                        help="peering priority; the highest live operator of the release works, the others stand by "
                              "(default: random, so two replicas never tie)")
     parser.add_argument("--standalone", action="store_true",
-                        help="no peering: for a single operator without the KopfPeering CRD")
+                        help="no peering: for a single operator without the release's peering record "
+                             "(k25-operator-<release>)")
     parser.set_defaults(handler=run)
 
 
@@ -27,6 +35,10 @@ def run(args) -> int:
 
     if not args.interval > 0:
         raise SystemExit("k25 operator: --interval must be positive")
-    config = OperatorConfig(release=args.release, redis_url=args.redis_url, interval_s=args.interval)
+    try:
+        config = OperatorConfig(release=args.release, redis_url=args.redis_url, redis_secret=args.redis_secret,
+                                interval_s=args.interval)
+    except ValueError as error:
+        raise SystemExit(f"k25 operator: {error}") from error
     run_operator(config, namespaces=args.namespace, priority=args.priority, standalone=args.standalone)
     return 0

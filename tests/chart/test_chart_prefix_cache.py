@@ -37,5 +37,5 @@ def test_a_pool_that_turns_caching_off_and_a_gateway_that_shares(tmp_path):
     crds = of_kind(objects, "CustomResourceDefinition")
     assert custom_resource_errors(pool, crd_for(pool, crds)) == []
     # the operator turns the spec into the engine's command line
-    engine = build_parser().parse_args(engine_args(parse_pool_spec(pool["spec"]), "cpu", "redis://r:6379/0", RELEASE)[1:])
+    engine = build_parser().parse_args(engine_args(parse_pool_spec(pool["spec"]), "cpu", RELEASE)[1:])
     assert engine.prefix_caching is False

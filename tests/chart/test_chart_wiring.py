@@ -2,6 +2,7 @@
 command lines as the k25 CLI parses them, selectors that find the pods the operator
 builds, Services that reach real ports, metrics the dashboard asks for that the code exports."""
 
+import base64
 import hashlib
 import json
 import re
@@ -13,7 +14,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from engine.metrics import EngineMetrics
 from k25.cli import build_parser
 from operators.deployment import models_claim_name
-from operators.runtime import PEERING_NAME
+from operators.runtime import peering_name
 from services.gateway.api_keys import ApiKeys
 from services.gateway.metrics import GatewayMetrics
 from tests.helpers.helm_chart import (
@@ -64,7 +65,7 @@ def test_the_operators_cluster_role_has_exactly_the_rules_of_k8s_rbac():
     assert named(objects, "ClusterRole", "k25-operator")["rules"] == reference["rules"]
     binding = named(objects, "ClusterRoleBinding", "k25-operator")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "k25-operator", "namespace": NAMESPACE}]
-    assert [p["metadata"]["name"] for p in of_kind(objects, "ClusterKopfPeering")] == [PEERING_NAME]
+    assert [p["metadata"]["name"] for p in of_kind(objects, "ClusterKopfPeering")] == [peering_name(RELEASE)]
 
 
 # --- command lines ----------------------------------------------------------------------
@@ -72,14 +73,12 @@ def test_the_operators_cluster_role_has_exactly_the_rules_of_k8s_rbac():
 def test_the_components_run_the_agreed_command_lines():
     objects = rendered(None)
     assert container(objects, "Deployment", "k25-gateway")["args"] == [
-        "k25", "gateway", "--host", "0.0.0.0", "--port", "8000", "--redis-url", "redis://k25-redis:6379/0",
-        "--release", "k25", "--model", "/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "k25", "gateway", "--host", "0.0.0.0", "--port", "8000", "--release", "k25", "--model", "/models/SmolLM2-135M-Instruct.Q4_1.gguf",
         "--served-model-name", "SmolLM2-135M-Instruct.Q4_1", "--chunker-address", "k25-chunker:5600",
         "--prefix-index-max-blocks", "262144"]
     assert container(objects, "Deployment", "k25-chunker")["args"] == [
         "k25", "chunker", "--zmq-port", "5600", "--metrics-port", "9600", "--model", "/models/SmolLM2-135M-Instruct.Q4_1.gguf"]
-    assert container(objects, "Deployment", "k25-operator")["args"] == [
-        "k25", "operator", "--release", "k25", "--redis-url", "redis://k25-redis:6379/0"]
+    assert container(objects, "Deployment", "k25-operator")["args"] == ["k25", "operator", "--release", "k25"]
 
 
 @pytest.mark.parametrize("component", ["gateway", "chunker", "operator", "engine"])
@@ -96,21 +95,23 @@ def test_the_k25_cli_accepts_each_command_line(component):
     if component == "engine":
         assert (parsed.release, parsed.advertise_host, parsed.device) == (RELEASE, "10.1.2.3", "cuda")
     elif component == "gateway":
-        assert parsed.served_model_name == "SmolLM2-135M-Instruct.Q4_1" and parsed.redis_url == "redis://k25-redis:6379/0"
+        assert parsed.served_model_name == "SmolLM2-135M-Instruct.Q4_1"
     elif component == "chunker":
         assert (parsed.zmq_port, parsed.metrics_port) == (5600, 9600)
     else:
-        assert parsed.redis_url == "redis://k25-redis:6379/0" and parsed.release == RELEASE
+        assert parsed.release == RELEASE
 
 
 def test_an_external_redis_reaches_every_component_and_the_engines():
     objects = rendered(ci("external-redis"))
     url = "redis://redis-master.data.svc.cluster.local:6379/2"
     assert not of_kind(objects, "StatefulSet")
-    for name in ("k25-gateway", "k25-operator"):
-        args = container(objects, "Deployment", name)["args"]
-        assert args[args.index("--redis-url") + 1] == url
-    # the operator hands its own --redis-url to the engines (operators/deployment.py)
+    [secret] = of_kind(objects, "Secret")
+    assert base64.b64decode(secret["data"]["redis-url"]).decode() == url and "redis-password" not in secret["data"]
+    reads = {"name": "K25_REDIS_URL", "valueFrom": {"secretKeyRef": {"name": secret["metadata"]["name"], "key": "redis-url"}}}
+    for c in [container(objects, "Deployment", name) for name in ("k25-gateway", "k25-operator")] + [
+            d["spec"]["template"]["spec"]["containers"][0] for d in engine_deployments(objects)]:
+        assert reads in c["env"], c["name"]
 
 
 # --- images: one per component -----------------------------------------------------------------
@@ -171,7 +172,7 @@ def test_api_key_entries_become_a_secret_the_gateway_can_load(tmp_path):
 def test_without_keys_the_gateway_gets_no_keys_file():
     objects = rendered(None)
     assert "--api-keys-file" not in container(objects, "Deployment", "k25-gateway")["args"]
-    assert not of_kind(objects, "Secret")
+    assert [s["metadata"]["name"] for s in of_kind(objects, "Secret")] == ["k25-redis"]  # the Redis credentials only
 
 
 # --- pools, the operator's pods, and what selects them -----------------------------------------
@@ -234,7 +235,8 @@ def test_the_cpu_dev_values_ask_for_no_gpu_and_no_volume():
     [engine] = engine_deployments(objects)
     pod = engine["spec"]["template"]["spec"]
     assert pod["containers"][0]["resources"] == {} and pod["tolerations"] == []
-    assert "--device" in pod["containers"][0]["args"] and pod["containers"][0]["args"][-1] == "cpu"
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--device") + 1] == "cpu"
     assert pod["containers"][0]["image"] == "k25-engine-cpu:0.1.0"  # the CPU engine image
     assert not of_kind(objects, "PersistentVolumeClaim")
     [redis] = of_kind(objects, "StatefulSet")

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from k25.cli import build_parser
+from operators.config import RELEASE_LABEL
 from operators.pool_spec import MAX_CHUNK_PER_GPU, parse_pool_spec
 from tests.helpers.crd_schema import custom_resource_errors, with_defaults
 from tests.helpers.paths import K8S
@@ -93,6 +94,12 @@ def test_gpus_per_replica_defaults_by_node_type_after_the_api_server_stored_it()
     ({"nodeType": "CPU", "dtype": "float16"}, "dtype float16 needs a GPU"),
     ({"nodeType": "CPU", "gpusPerReplica": 0, "dtype": "float16"}, "dtype float16 needs a GPU"),
     ({"nodeType": "L4", "maxChunkPerGpu": 2, "gpusPerReplica": 0, "dtype": "float16"}, "dtype float16 needs a GPU"),
+    ({"drainTimeoutSeconds": -1}, "less than the minimum of 0"),
+    ({"drainTimeoutSeconds": 3601}, "greater than the maximum of 3600"),
+    ({"modelSha256": {"model.safetensors": "ABC"}}, "does not match"),
+    ({"modelSha256": {"model.safetensors": "A" * 64}}, "does not match"),  # lowercase, as sha256sum prints it
+    ({"modelSha256": {"/models/m.gguf": "a" * 64}}, "modelSha256 keys are model files relative to the model's folder"),
+    ({"modelSha256": {"a=b": "a" * 64}}, "without '='"),
 ])
 def test_bad_specs_are_refused(bad, reason):
     errors = api_server_accepts({**VALID, **bad})
@@ -129,6 +136,15 @@ def test_compute_settings_are_optional_and_reach_the_operator_as_written():
     assert api_server_accepts({**VALID, "dtype": "float16"}) == []
 
 
+def test_drain_timeout_defaults_to_25_seconds_and_model_digests_are_optional():
+    spec = with_defaults(SPEC_SCHEMA, VALID)
+    assert spec["drainTimeoutSeconds"] == 25 and "modelSha256" not in spec
+    assert parse_pool_spec(spec).drain_timeout_s == build_parser().parse_args(["engine"]).drain_timeout_s
+    digests = {"model-00001-of-00002.safetensors": "0" * 64, "sub/config.json": "f" * 64}
+    assert api_server_accepts({**VALID, "drainTimeoutSeconds": 0, "modelSha256": digests}) == []
+    assert parse_pool_spec({**VALID, "modelSha256": digests}).model_sha256 == digests
+
+
 def test_an_unknown_node_type_is_fine_with_an_explicit_max_chunk_per_gpu():
     assert api_server_accepts({**VALID, "nodeType": "MI300X", "maxChunkPerGpu": 12}) == []
     assert parse_pool_spec({**VALID, "nodeType": "MI300X", "maxChunkPerGpu": 12}).max_chunk_per_gpu == 12
@@ -144,6 +160,11 @@ def test_examples_are_valid_gpu_pools(path):
     assert set(spec.node_selector) == {"nvidia.com/gpu.product"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec.tolerations
     assert spec.gpus_per_replica >= 1
+
+
+@pytest.mark.parametrize("path", sorted((K8S / "examples").glob("*.yaml")), ids=lambda p: p.stem)
+def test_examples_are_labelled_for_the_operator_of_release_k25(path):
+    assert yaml.safe_load(path.read_text())["metadata"]["labels"][RELEASE_LABEL] == "k25"  # k25 operator's default
 
 
 def test_the_examples_cover_the_three_node_types():

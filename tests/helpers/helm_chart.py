@@ -6,10 +6,13 @@ import os
 import pathlib
 import shutil
 import subprocess
+from unittest import mock
 
 import pytest
 import yaml
 
+from k25.cli import build_parser
+from operators.config import OperatorConfig
 from operators.deployment import build_deployment
 from operators.pool_spec import parse_pool_spec
 from tests.helpers.paths import REPO
@@ -56,7 +59,7 @@ def rendered_with(values_yaml: str, tmp_path: pathlib.Path) -> list[dict]:
     """Every object helm template makes with these values (CRDs included); they must be accepted."""
     path = tmp_path / "values.yaml"
     path.write_text(values_yaml)
-    result = helm("template", RELEASE, str(CHART), "--include-crds", "--values", str(path))
+    result = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--include-crds", "--values", str(path))
     assert result.returncode == 0, result.stderr
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
@@ -86,12 +89,21 @@ def operator_env(objects) -> dict[str, str]:
             if "value" in e}
 
 
+def chart_operator_config(objects) -> OperatorConfig:
+    """The configuration `k25 operator` reads from the chart's command line and plain environment."""
+    [operator] = [o for o in of_kind(objects, "Deployment") if o["metadata"]["name"].endswith("-operator")]
+    args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
+    with mock.patch.dict(os.environ, operator_env(objects), clear=True):
+        parsed = build_parser().parse_args(args[1:])
+    return OperatorConfig(release=parsed.release, redis_url=parsed.redis_url, redis_secret=parsed.redis_secret)
+
+
 def engine_deployments(objects) -> list[dict]:
-    """What the operator, run with the chart's environment, would create for each rendered EnginePool."""
+    """What the operator, run with the chart's command line and environment, would create for each rendered EnginePool."""
     deployments = []
+    config = chart_operator_config(objects)
     for pool in of_kind(objects, "EnginePool"):
         pool = {**pool, "metadata": {**pool["metadata"], "namespace": "serving", "uid": "uid-" + pool["metadata"]["name"]}}
         spec = parse_pool_spec(pool["spec"])
-        deployments.append(build_deployment(pool, spec, spec.initial_replicas(), "redis://k25-redis:6379/0", RELEASE,
-                                            operator_env(objects)))
+        deployments.append(build_deployment(pool, spec, spec.initial_replicas(), config, operator_env(objects)))
     return deployments

@@ -1,14 +1,30 @@
 from k25.cli import build_parser
-from operators.deployment import build_deployment, deployment_name, engine_args, models_claim_name, pod_selector
+from operators.config import OperatorConfig
+from operators.deployment import (
+    build_deployment,
+    deployment_name,
+    engine_args,
+    models_claim_name,
+    owned_by,
+    owner_reference,
+    pod_selector,
+)
 from operators.pool_spec import parse_pool_spec
 
 POOL = {"apiVersion": "k25.io/v1alpha1", "kind": "EnginePool",
         "metadata": {"name": "long", "namespace": "serving", "uid": "u-1"}}
 
 
-def manifest(operator_env=None, **spec):
+CONFIG = OperatorConfig(release="prod", redis_url="redis://:secret@redis:6379/0", redis_secret="prod-k25-redis")
+
+
+def manifest(operator_env=None, config=CONFIG, **spec):
     parsed = parse_pool_spec({"nodeType": "A100-80G", "model": "/models/m.gguf", "chunkSize": 4096, **spec})
-    return build_deployment(POOL, parsed, 3, "redis://redis:6379/0", "prod", operator_env or {})
+    return build_deployment(POOL, parsed, 3, config, operator_env or {})
+
+
+def engine_container(**spec) -> dict:
+    return manifest(**spec)["spec"]["template"]["spec"]["containers"][0]
 
 
 def mounts_and_claims(pod: dict) -> dict[str, str]:
@@ -34,20 +50,66 @@ def test_the_deployment_is_named_and_labelled_for_its_pool():
     assert pod_selector("long") == "k25.io/pool=long"
 
 
-def test_the_engine_gets_chunk_size_max_chunk_node_type_pool_redis_release_and_its_pod_ip():
-    container = manifest()["spec"]["template"]["spec"]["containers"][0]
+def test_the_engine_gets_chunk_size_max_chunk_node_type_pool_release_and_listens_on_its_pod_ip():
+    container = engine_container()
     assert container["args"] == ["k25", "engine", "--model", "/models/m.gguf", "--chunk-size", "4096",
                                  "--max-chunk-per-gpu", "4", "--node-type", "A100-80G", "--pool", "long",
-                                 "--zmq-port", "5555", "--metrics-port", "9100", "--redis-url", "redis://redis:6379/0",
-                                 "--release", "prod", "--advertise-host", "$(POD_IP)", "--device", "cuda"]
+                                 "--zmq-port", "5555", "--metrics-port", "9100", "--release", "prod",
+                                 "--bind-address", "$(POD_IP)", "--advertise-host", "$(POD_IP)", "--device", "cuda",
+                                 "--drain-timeout-s", "25"]
     assert {"name": "K25_RELEASE", "value": "prod"} in container["env"]
     # the kubelet expands $(POD_IP) only from a variable defined in the container's env
     assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in container["env"]
     assert container["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
 
 
+def test_the_redis_url_and_its_password_come_from_the_releases_secret_never_in_the_pod_spec():
+    container = engine_container()
+    assert {"name": "K25_REDIS_URL", "valueFrom": {"secretKeyRef": {"name": "prod-k25-redis", "key": "redis-url"}}} \
+        in container["env"]
+    assert "secret" not in str(manifest()).replace("secretKeyRef", "").replace("prod-k25-redis", "")
+    # an operator without a Secret hands on its own URL, which then carries no password
+    plain = OperatorConfig(release="prod", redis_url="redis://redis:6379/0")
+    assert {"name": "K25_REDIS_URL", "value": "redis://redis:6379/0"} in engine_container(config=plain)["env"]
+
+
+def test_the_grace_period_is_the_drain_timeout_plus_a_margin_and_there_is_no_pre_stop_hook():
+    for drain, grace in ((None, 40), (0, 15), (120, 135)):
+        spec = {} if drain is None else {"drainTimeoutSeconds": drain}
+        pod = manifest(**spec)["spec"]["template"]["spec"]
+        assert pod["terminationGracePeriodSeconds"] == grace
+        args = pod["containers"][0]["args"]
+        assert build_parser().parse_args(args[1:]).drain_timeout_s == grace - 15
+        assert "lifecycle" not in pod["containers"][0]  # gateways find engines in Redis, not through endpoints
+
+
+def test_liveness_asks_the_engines_healthz_only_once_the_startup_probe_has_seen_it_loaded():
+    container = engine_container()
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert {"name": "metrics", "containerPort": 9100} in container["ports"]
+    assert "initialDelaySeconds" not in container["livenessProbe"]  # the startup probe holds it back
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600  # ten minutes to load a model
+
+
+def test_model_digests_reach_the_engine_one_flag_per_file_as_the_cli_reads_them():
+    digests = {"model-00002.safetensors": "b" * 64, "model-00001.safetensors": "a" * 64}
+    args = engine_container(model="/models/llama", modelSha256=digests)["args"]
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--model-sha256"] == [
+        "model-00001.safetensors=" + "a" * 64, "model-00002.safetensors=" + "b" * 64]
+    parsed = build_parser().parse_args(args[1:])
+    assert sorted(parsed.model_sha256) == sorted(f"{f}={d}" for f, d in digests.items())
+    assert "--model-sha256" not in engine_container()["args"]
+
+
+def test_the_engine_listens_on_the_pod_ip_as_the_cli_reads_it():
+    args = [a.replace("$(POD_IP)", "10.1.2.3") for a in engine_container()["args"]]
+    parsed = build_parser().parse_args(args[1:])
+    assert (parsed.bind_address, parsed.advertise_host) == ("10.1.2.3", "10.1.2.3")
+
+
 def test_a_profiled_node_type_leaves_max_chunk_to_the_engine():
-    args = engine_args(parse_pool_spec({"nodeType": "H200", "model": "m", "chunkSize": 64}), "p", "redis://r", "k25")
+    args = engine_args(parse_pool_spec({"nodeType": "H200", "model": "m", "chunkSize": 64}), "p", "k25")
     assert "--max-chunk-per-gpu" not in args
 
 
@@ -55,7 +117,8 @@ def test_a_cpu_pool_asks_for_no_gpu_tolerates_no_gpu_taint_and_runs_on_the_cpu()
     pod = manifest(nodeType="CPU", maxChunkPerGpu=1)["spec"]["template"]["spec"]
     assert pod["containers"][0]["resources"] == {}
     assert pod["tolerations"] == []
-    assert pod["containers"][0]["args"][-2:] == ["--device", "cpu"]
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--device") + 1] == "cpu"
 
 
 def test_a_model_path_under_models_mounts_the_releases_models_claim_read_only():
@@ -91,9 +154,20 @@ def test_node_selector_and_gpus_per_replica_reach_the_pod():
 
 
 def test_the_pool_owns_the_deployment():
-    assert manifest()["metadata"]["ownerReferences"] == [
+    deployment = manifest()
+    assert deployment["metadata"]["ownerReferences"] == [
         {"apiVersion": "k25.io/v1alpha1", "kind": "EnginePool", "name": "long", "uid": "u-1",
          "controller": True, "blockOwnerDeletion": True}]
+    assert owned_by(deployment, "u-1")
+
+
+def test_a_deployment_is_the_pools_only_when_an_owner_reference_has_the_pools_uid():
+    earlier = {**owner_reference(POOL), "uid": "u-0"}  # an earlier pool of the same name
+    other = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "x", "uid": "u-9"}
+    assert not owned_by({"metadata": {}}, "u-1")
+    assert not owned_by({"metadata": {"ownerReferences": None}}, "u-1")
+    assert not owned_by({"metadata": {"ownerReferences": [earlier, other]}}, "u-1")
+    assert owned_by({"metadata": {"ownerReferences": [other, owner_reference(POOL)]}}, "u-1")
 
 
 def test_without_lora_the_engine_gets_no_adapter_flags_and_no_adapter_mount():
@@ -108,7 +182,7 @@ def test_a_lora_pool_runs_the_engine_with_its_adapter_flags_as_the_cli_reads_the
     parsed = build_parser().parse_args(args[1:])
     assert (parsed.max_loras, parsed.max_cpu_loras, parsed.max_lora_rank, parsed.lora_kernel, parsed.adapter_root) == (
         4, 12, 32, "triton", "/srv/adapters")
-    assert parsed.redis_url == "redis://redis:6379/0"  # with Redis, the engine follows the rollout state
+    assert parsed.release == "prod"  # with Redis (K25_REDIS_URL), the engine follows the release's rollout state
     defaults = build_parser().parse_args(manifest(lora={"maxLoras": 2})["spec"]["template"]["spec"]["containers"][0]["args"][1:])
     assert (defaults.max_loras, defaults.max_cpu_loras, defaults.adapter_root) == (2, 8, "/adapters")
 
@@ -131,12 +205,12 @@ def test_the_engines_get_the_operators_otlp_endpoint_and_nothing_else_of_its_env
     operator_env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "OTEL_EXPORTER_OTLP_HEADERS": "api-key=secret",
                     "KUBERNETES_SERVICE_HOST": "10.0.0.1", "HOME": "/home/k25"}
     env = manifest(operator_env=operator_env)["spec"]["template"]["spec"]["containers"][0]["env"]
-    assert [e["name"] for e in env] == ["K25_RELEASE", "POD_IP", "OTEL_EXPORTER_OTLP_ENDPOINT"]
+    assert [e["name"] for e in env] == ["K25_RELEASE", "POD_IP", "K25_REDIS_URL", "OTEL_EXPORTER_OTLP_ENDPOINT"]
     assert env[-1] == {"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": "http://collector:4318"}
     traces_only = manifest(operator_env={"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"})
     assert traces_only["spec"]["template"]["spec"]["containers"][0]["env"][-1]["value"] == "http://c:4318/v1/traces"
     untraced = manifest(operator_env={"OTEL_EXPORTER_OTLP_ENDPOINT": ""})["spec"]["template"]["spec"]["containers"][0]
-    assert [e["name"] for e in untraced["env"]] == ["K25_RELEASE", "POD_IP"]
+    assert [e["name"] for e in untraced["env"]] == ["K25_RELEASE", "POD_IP", "K25_REDIS_URL"]
 
 
 def test_without_compute_settings_the_engine_takes_its_own_defaults():
@@ -168,4 +242,5 @@ def test_prefix_caching_is_on_unless_the_pool_turns_it_off():
 
 def test_a_cpu_pool_gets_its_dtype_on_the_cpu():
     args = manifest(nodeType="CPU", maxChunkPerGpu=1, dtype="float32")["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[-4:] == ["--device", "cpu", "--dtype", "float32"]
+    assert args[args.index("--device"):args.index("--device") + 2] == ["--device", "cpu"]
+    assert args[-2:] == ["--dtype", "float32"]

@@ -9,54 +9,37 @@ import asyncio
 import contextlib
 import datetime
 import math
-import threading
 import time
 
 import kmock
-import kopf
 import kubernetes
 import pytest
 import redis
 
-from common.redis_keys import BUCKET_TTL_S, qps_bucket_key, register_engine
+from common.redis_keys import BUCKET_TTL_S, qps_bucket_key, record_requests, register_engine
 from operators.config import OperatorConfig
-from operators.kube import KubeApi
-from operators.runtime import PEERING_NAME, build_registry, operator_memo, operator_settings
-from tests.helpers.operator_harness import DEPLOYMENTS, NS, POOLS, cluster, operator, stored, wait_for  # noqa: F401  (fixtures)
+from tests.helpers.operator_harness import (  # noqa: F401  (fixtures)
+    DEPLOYMENTS,
+    H100,
+    NS,
+    POOLS,
+    RecordingKube,
+    cluster,
+    condition,
+    create_peering,
+    create_pool,
+    operator,
+    operator_config,
+    peers,
+    replicas,
+    running_operator,
+    set_qps,
+    stored,
+    wait_for,
+)
 from tests.helpers.redis_server import redis_server  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.kmock(cls=kmock.KubernetesEmulator)]
-
-H100 = {"nodeType": "H100-80G", "model": "/models/smollm2", "chunkSize": 512, "gpusPerReplica": 1,
-        "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}, "minReplicas": 1, "maxReplicas": 10}
-
-
-async def create_pool(cluster, name: str, spec: dict) -> None:
-    body = {"apiVersion": "k25.io/v1alpha1", "kind": "EnginePool",
-            "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "resourceVersion": "1"}, "spec": spec}
-    response = await cluster.post(f"/apis/k25.io/v1alpha1/namespaces/{NS}/enginepools", json=body)
-    assert response.status == 200
-
-
-def replicas(cluster, pool: str) -> int | None:
-    deployment = stored(cluster, DEPLOYMENTS, f"{pool}-engine")
-    return None if deployment is None else deployment["spec"]["replicas"]
-
-
-def condition(cluster, pool: str, kind: str) -> dict:
-    conditions = (stored(cluster, POOLS, pool) or {}).get("status", {}).get("conditions", [])
-    return next((c for c in conditions if c["type"] == kind), {})
-
-
-def set_qps(redis_url: str, config: OperatorConfig, pool: str, qps: int) -> None:
-    """The gateway's buckets for the last minute and the next two: a steady load."""
-    client = redis.Redis.from_url(redis_url)
-    now = math.floor(time.time())
-    pipe = client.pipeline()
-    for second in range(now - 60, now + 120):
-        pipe.set(qps_bucket_key(config.release, pool, second), qps, ex=BUCKET_TTL_S)
-    pipe.execute()
-    client.close()
 
 
 def set_ramp(redis_url: str, config: OperatorConfig, pool: str, start: int, per_second: int, peak: int) -> None:
@@ -123,8 +106,11 @@ async def test_a_pool_gets_an_engine_deployment_for_its_gpu_nodes(cluster, opera
     assert engine["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert engine["args"] == ["k25", "engine", "--model", "/models/smollm2", "--chunk-size", "512",
                               "--max-chunk-per-gpu", "8", "--node-type", "H100-80G", "--pool", "h100",
-                              "--zmq-port", "5555", "--metrics-port", "9100", "--redis-url", operator.redis_url,
-                              "--release", "test", "--advertise-host", "$(POD_IP)", "--device", "cuda"]
+                              "--zmq-port", "5555", "--metrics-port", "9100", "--release", "test",
+                              "--bind-address", "$(POD_IP)", "--advertise-host", "$(POD_IP)", "--device", "cuda",
+                              "--drain-timeout-s", "25"]
+    # the operator names no Secret here, and its URL carries no password: the engines get it as it is
+    assert {"name": "K25_REDIS_URL", "value": operator.redis_url} in engine["env"]
 
 
 async def test_a_lora_pool_gets_adapter_flags_the_adapter_mount_and_the_operators_otlp_endpoint(
@@ -204,6 +190,46 @@ async def test_a_ramping_pool_gets_its_pods_before_the_load_arrives_and_shows_th
         assert "forecastQPS" not in status
 
 
+@contextlib.asynccontextmanager
+async def gateway_demand(redis_url: str, release: str, pool: str):
+    """Requests to the pool arriving all the while, counted as the gateway counts them
+    (`record_requests`), also while the pool has no live engine to serve them."""
+
+    async def count():
+        client = redis.Redis.from_url(redis_url)
+        try:
+            while True:
+                pipe = client.pipeline()
+                record_requests(pipe, release, pool, time.time())
+                pipe.execute()
+                await asyncio.sleep(0.1)
+        finally:
+            client.close()
+
+    task = asyncio.create_task(count())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+@pytest.mark.parametrize("policy", ["predictive", "reactive"])
+async def test_a_pool_at_zero_replicas_is_woken_by_its_own_demand(cluster, operator, redis_server, policy):
+    await create_pool(cluster, "idle", {**H100, "minReplicas": 0, "autoscalingPolicy": policy})
+    await wait_for(lambda: condition(cluster, "idle", "ScalingActive").get("reason") == "QpsMissing",
+                   "without demand the pool holds")
+    assert replicas(cluster, "idle") == 0
+    assert condition(cluster, "idle", "Ready")["reason"] == "ScaledToZero"
+
+    async with gateway_demand(redis_server, operator.release, "idle"):
+        await wait_for(lambda: replicas(cluster, "idle") == 1, "the demand brings the first replica")
+        status = await wait_for(lambda: (stored(cluster, POOLS, "idle") or {}).get("status", {}).get("observedQPS")
+                                and stored(cluster, POOLS, "idle")["status"], "the pool shows the demand")
+    assert status["observedQPS"] > 0 and replicas(cluster, "idle") == 1  # about 10 QPS: one replica serves it
+
+
 async def test_requests_waiting_in_ready_engines_add_pods(cluster, operator, redis_server):
     await create_pool(cluster, "busy", {**H100, "minReplicas": 5})
     async with pods_become_ready(cluster, "busy-engine"):
@@ -274,53 +300,16 @@ async def test_kubectl_scale_sets_the_size_within_bounds(cluster, operator):
     await wait_for(lambda: replicas(cluster, "h100") == 10, "scaled by hand, up to maxReplicas")
 
 
-class CountingKube(KubeApi):
-    """Counts the writes this operator replica makes."""
-
-    def __init__(self, configuration):
-        super().__init__(configuration)
-        self.writes = 0
-
-    def create_deployment(self, namespace, body):
-        self.writes += 1
-        return super().create_deployment(namespace, body)
-
-    def scale_deployment(self, namespace, name, replicas):
-        self.writes += 1
-        return super().scale_deployment(namespace, name, replicas)
-
-
 async def test_two_operator_replicas_never_fight(cluster, redis_server):
     """With kopf peering, the replica of lower priority stands by while the other works."""
-    cluster.resources["kopf.dev/v1/clusterkopfpeerings"] = cluster.ResourceInfo(
-        kind="ClusterKopfPeering", namespaced=False, verbs={"list", "watch", "get", "patch"})
-    await cluster.post("/apis/kopf.dev/v1/clusterkopfpeerings", json={
-        "apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering",
-        "metadata": {"name": PEERING_NAME, "resourceVersion": "1"}})
-    config = OperatorConfig(release="test", redis_url=redis_server, interval_s=0.2, qps_window_s=2)
+    await create_peering(cluster, "test")
+    config = operator_config(redis_server)
     url = str(cluster.url).rstrip("/")
-    replicas_, stops, threads = [], [], []
-    for priority in (100, 200):
-        registry = build_registry(config)
-        kopf.on.login(registry=registry)(lambda **_: kopf.ConnectionInfo(server=url))
-        settings = operator_settings()
-        settings.posting.enabled = False
-        kube, stop = CountingKube(kubernetes.client.Configuration(host=url)), threading.Event()
-        thread = threading.Thread(target=asyncio.run, args=(kopf.operator(
-            registry=registry, settings=settings, memo=operator_memo(config, kube), clusterwide=True,
-            peering_name=PEERING_NAME, priority=priority, stop_flag=stop),))
-        thread.start()
-        replicas_.append(kube), stops.append(stop), threads.append(thread)
-    try:
-        low, high = replicas_
-        await wait_for(lambda: len(stored(cluster, "kopf.dev/v1/clusterkopfpeerings", PEERING_NAME, ns=None)
-                                   .get("status", {})) == 2, "both replicas announce themselves")
+    low, high = (RecordingKube(kubernetes.client.Configuration(host=url)) for _ in range(2))
+    async with (running_operator(cluster, config, priority=100, kube=low),
+                running_operator(cluster, config, priority=200, kube=high)):
+        await wait_for(lambda: peers(cluster, "test") == 2, "both replicas announce themselves")
         await create_pool(cluster, "h100", H100)
         set_qps(redis_server, config, "h100", 400)
         await wait_for(lambda: replicas(cluster, "h100") == 5, "the pool is served and scaled")
-        assert high.writes >= 2 and low.writes == 0
-    finally:
-        for stop in stops:
-            stop.set()
-        while any(t.is_alive() for t in threads):
-            await asyncio.sleep(0.05)
+        assert len(high.writes) >= 2 and low.writes == []

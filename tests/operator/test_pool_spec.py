@@ -157,3 +157,27 @@ def test_float16_needs_a_gpu():
     for dtype in ("auto", "float32", "bfloat16"):
         assert parse_pool_spec({**MINIMAL, "nodeType": "CPU", "dtype": dtype}).dtype == dtype
     assert parse_pool_spec({**MINIMAL, "nodeType": "CPU", "gpusPerReplica": 1, "dtype": "float16"}).dtype == "float16"
+
+
+def test_engines_drain_for_25_seconds_and_check_no_digest_unless_the_pool_says():
+    spec = parse_pool_spec(MINIMAL)
+    assert (spec.drain_timeout_s, spec.model_sha256) == (25, {})
+    digests = {"model.safetensors": "0" * 64, "sub/tokenizer.json": "f" * 64}
+    chosen = parse_pool_spec({**MINIMAL, "drainTimeoutSeconds": 0, "modelSha256": digests})
+    assert (chosen.drain_timeout_s, chosen.model_sha256) == (0, digests)
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"drainTimeoutSeconds": -1}, "spec.drainTimeoutSeconds must be at least 0, got -1"),
+    ({"drainTimeoutSeconds": 3601}, "spec.drainTimeoutSeconds must be at most 3600, got 3601"),
+    ({"drainTimeoutSeconds": 2.5}, "spec.drainTimeoutSeconds must be an integer"),
+    ({"modelSha256": ["a" * 64]}, "spec.modelSha256 must map model files to their sha256"),
+    ({"modelSha256": {"m.gguf": "A" * 64}}, r"spec.modelSha256\['m.gguf'\] must be 64 lowercase hex digits"),
+    ({"modelSha256": {"m.gguf": "a" * 63}}, r"spec.modelSha256\['m.gguf'\] must be 64 lowercase hex digits"),
+    ({"modelSha256": {"/models/m.gguf": "a" * 64}}, "'/models/m.gguf' is not a model file name"),
+    ({"modelSha256": {"a=b": "a" * 64}}, "'a=b' is not a model file name"),
+    ({"modelSha256": {"": "a" * 64}}, "'' is not a model file name"),
+])
+def test_bad_drain_and_digest_settings_say_which_field(bad, message):
+    with pytest.raises(PoolSpecError, match=message):
+        parse_pool_spec({**MINIMAL, **bad})

@@ -1,5 +1,5 @@
 from operators.autoscale_policy import ScalingDecision
-from operators.pool_status import build_status
+from operators.pool_status import build_status, foreign_deployment_status
 
 NOW, EARLIER = "2026-01-01T00:01:00+00:00", "2026-01-01T00:00:00+00:00"
 DEPLOYMENT = {"spec": {"replicas": 3}, "status": {"replicas": 3, "readyReplicas": 3}}
@@ -55,7 +55,7 @@ def test_missing_qps_makes_scaling_inactive():
     decision = ScalingDecision(3, "QpsMissing", "no QPS data ...; holding the current size", ())
     status = build_status("h100", DEPLOYMENT, [], None, decision, [], NOW)
     assert conditions(status)["ScalingActive"] == ("False", "QpsMissing")
-    assert "observedQPS" not in status
+    assert status["observedQPS"] is None  # a null in the merge patch: an old value is cleared, not kept
 
 
 def test_transition_time_moves_only_when_the_status_changes():
@@ -72,4 +72,23 @@ def test_a_predictive_decision_shows_its_forecast_and_horizon():
     status = build_status("h100", DEPLOYMENT, [pod()], 240.0, decision, [], NOW)
     assert (status["forecastQPS"], status["forecastHorizonSeconds"]) == (301.23, 122)
     assert conditions(status)["ScalingActive"] == ("True", "ScaledUpForForecast")
-    assert "forecastQPS" not in build_status("h100", DEPLOYMENT, [pod()], 240.0, STEADY, [], NOW)
+    reactive = build_status("h100", DEPLOYMENT, [pod()], 240.0, STEADY, [], NOW)
+    assert (reactive["forecastQPS"], reactive["forecastHorizonSeconds"]) == (None, None)
+
+
+def test_without_a_deployment_no_decision_is_shown():
+    status = build_status("h100", None, [], 12.0, None, [], NOW)
+    assert (status["replicas"], status["readyReplicas"], status["desiredReplicas"]) == (0, 0, None)
+    assert status["observedQPS"] == 12.0
+
+
+def test_a_foreign_deployment_leaves_the_pool_without_replicas_and_says_whose_name_it_took():
+    previous = build_status("h100", DEPLOYMENT, [pod()], 240.0, STEADY, [], EARLIER)["conditions"]
+    status = foreign_deployment_status("h100", previous, NOW)
+    assert conditions(status) == {"Ready": ("False", "ForeignDeployment"), "Schedulable": ("Unknown", "ForeignDeployment"),
+                                  "ScalingActive": ("False", "ForeignDeployment")}
+    assert "Deployment h100-engine exists and is not owned by this EnginePool" in status["conditions"][0]["message"]
+    assert (status["replicas"], status["readyReplicas"]) == (0, 0)
+    # what `kubectl get enginepools` showed before is cleared
+    assert [key for key, value in status.items() if value is None] == [
+        "deployment", "desiredReplicas", "observedQPS", "forecastQPS", "forecastHorizonSeconds"]

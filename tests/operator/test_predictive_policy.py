@@ -191,3 +191,17 @@ def test_the_reactive_policy_is_what_it_builds_on():
         reactive = decide(RULES, seen(replicas, qps), covered(0))
         predictive = decide_predictive(RULES, PREDICTIVE, seen(replicas, qps), PoolSignals((qps,) * 240), covered(0))
         assert predictive.replicas == reactive.replicas == max(1, math.ceil(qps / 80))
+
+
+@settings(max_examples=200, deadline=None)
+@given(qps=st.floats(min_value=1e-6, max_value=80.0), waiting=st.none() | st.integers(0, 50),
+       series=st.lists(st.none() | st.floats(0.0, 80.0), max_size=240))
+def test_any_demand_wakes_a_pool_at_zero_with_one_replica(qps, waiting, series):
+    """Both policies, whatever the series and queues say: a pool at zero with QPS above zero
+    gets one replica (and nothing divides by its zero replicas)."""
+    rules = ScalingRules(min_replicas=0, max_replicas=8)
+    at_zero = seen(0, qps)
+    signals = PoolSignals(qps_series=tuple(series), waiting=waiting)
+    assert decide(rules, at_zero, covered(0)).replicas == 1
+    assert decide_predictive(rules, PREDICTIVE, at_zero, signals, covered(0)).replicas == 1
+    assert decide_predictive(rules, PREDICTIVE, seen(0, 0.0), PoolSignals(), covered(0)).replicas == 0

@@ -14,7 +14,7 @@ import redis
 from common.redis_keys import register_engine
 from common.rollout_keys import read_rollout, record_version_outcomes, rollout_channel
 from operators.config import OperatorConfig
-from tests.helpers.operator_harness import NS, ROLLOUTS, cluster, operator, running_operator, stored, wait_for  # noqa: F401
+from tests.helpers.operator_harness import NS, ROLLOUTS, cluster, create_resource, operator, running_operator, stored, wait_for  # noqa: F401
 from tests.helpers.redis_server import redis_server  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.kmock(cls=kmock.KubernetesEmulator)]
@@ -27,11 +27,8 @@ SPEC = {"adapter": "legal", "pool": "h100",
         "minRequestsPerStep": 20, "failureThreshold": 2, "allowList": ["alice"]}
 
 
-async def create_rollout(cluster, name: str, spec: dict) -> None:
-    body = {"apiVersion": "k25.io/v1alpha1", "kind": "AdapterRollout",
-            "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "resourceVersion": "1"}, "spec": spec}
-    response = await cluster.post(f"/apis/k25.io/v1alpha1/namespaces/{NS}/adapterrollouts", json=body)
-    assert response.status == 200
+async def create_rollout(cluster, name: str, spec: dict, **where) -> None:
+    await create_resource(cluster, "adapterrollouts", "AdapterRollout", name, spec, **where)
 
 
 def status(cluster, name: str) -> dict:
@@ -184,6 +181,17 @@ async def test_a_rollout_deleted_at_once_leaves_no_state_behind(cluster, operato
     await wait_for(lambda: stored(cluster, ROLLOUTS, "legal") is None, "the rollout goes")
     await asyncio.sleep(3 * operator.interval_s)  # ticks that would still write are given their chance
     assert rollout_state(redis_server) is None
+
+
+async def test_a_rollout_labelled_for_another_release_is_left_to_that_releases_operator(cluster, operator, redis_server):
+    await create_rollout(cluster, "theirs", {**SPEC, "adapter": "contracts"}, release="other")
+    await create_rollout(cluster, "legal", SPEC)
+    await wait_for(lambda: rollout_state(redis_server), "its own release's rollout is stepped")
+    theirs = stored(cluster, ROLLOUTS, "theirs")
+    assert "status" not in theirs and not theirs["metadata"].get("finalizers")
+    client = redis.Redis.from_url(redis_server)
+    assert read_rollout(client, "test", "contracts") is None and read_rollout(client, "other", "contracts") is None
+    client.close()
 
 
 async def test_an_invalid_rollout_writes_nothing_and_says_why(cluster, operator, redis_server):

@@ -44,8 +44,66 @@ image.tag, else the appVersion. */}}
 {{- printf "%s:%s" .Values.engineImage.repository (.Values.engineImage.tag | default .Chart.AppVersion) -}}
 {{- end -}}
 
-{{- define "k25.redisUrl" -}}
-{{- .Values.redis.external.url | default (printf "redis://%s-redis:6379/0" (include "k25.fullname" .)) -}}
+{{/* "true" when the chart runs Redis itself: no Redis of your own is named */}}
+{{- define "k25.bundledRedis" -}}
+{{- if not (or .Values.redis.external.url .Values.redis.external.existingSecret) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The Secret whose key redis-url every component and engine reads (and, for the chart's
+Redis, whose key redis-password is its requirepass): one of yours, or the chart's. */}}
+{{- define "k25.redisSecret" -}}
+{{- .Values.redis.external.existingSecret | default .Values.redis.auth.existingSecret | default (printf "%s-redis" (include "k25.fullname" .)) -}}
+{{- end -}}
+
+{{/* The Redis URL, password included, as K25_REDIS_URL: every k25 command's --redis-url default */}}
+{{- define "k25.redisEnv" -}}
+- name: K25_REDIS_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "k25.redisSecret" . }}
+      key: redis-url
+{{- end -}}
+
+{{/* The operator's rules on namespaced resources (k8s/rbac/operator.yaml): in a ClusterRole
+with peering "clusterkopfpeerings", or in a Role of the release's namespace with "kopfpeerings";
+(dict "root" $ "peerings" "kopfpeerings") */}}
+{{- define "k25.operatorRules" -}}
+- apiGroups: [k25.io]
+  resources: [enginepools]
+  verbs: [list, watch, get, patch]
+- apiGroups: [k25.io]
+  resources: [enginepools/status]
+  verbs: [get, patch]
+- apiGroups: [k25.io]
+  resources: [adapterrollouts]
+  verbs: [list, watch, get, patch]
+- apiGroups: [k25.io]
+  resources: [adapterrollouts/status]
+  verbs: [get, patch]
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, create, patch, delete]
+- apiGroups: [apps]
+  resources: [deployments/scale]
+  verbs: [get, patch]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list]
+- apiGroups: ["", events.k8s.io]
+  resources: [events]
+  verbs: [create]
+- apiGroups: [kopf.dev]
+  resources: [{{ .peerings }}]
+  resourceNames: [{{ include "k25.peeringName" .root }}]
+  verbs: [get, patch]
+- apiGroups: [kopf.dev]
+  resources: [{{ .peerings }}]
+  verbs: [list, watch]
+{{- end -}}
+
+{{/* The kopf peering record of this release's operators (operators.runtime.peering_name) */}}
+{{- define "k25.peeringName" -}}
+{{- printf "k25-operator-%s" .Release.Name -}}
 {{- end -}}
 
 {{- define "k25.otlpEndpoint" -}}
@@ -173,8 +231,22 @@ imagePullSecrets:
 {{- if and (hasPrefix "/models/" .Values.model) (not .Values.models.persistence.enabled) -}}
 {{- fail (printf "model %s is a path on the models volume, but models.persistence.enabled is false; turn it on or name a model the image carries (smollm2-135m, tiny-random)" .Values.model) -}}
 {{- end -}}
+{{- include "k25.validateRedis" .Values.redis -}}
 {{- if gt (int .Values.gateway.autoscaling.minReplicas) (int .Values.gateway.autoscaling.maxReplicas) -}}
 {{- fail (printf "gateway.autoscaling: minReplicas (%v) must not exceed maxReplicas (%v)" .Values.gateway.autoscaling.minReplicas .Values.gateway.autoscaling.maxReplicas) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Redis: one source for its URL, and a password only for the chart's own Redis; (.Values.redis) */}}
+{{- define "k25.validateRedis" -}}
+{{- if and .external.url .external.existingSecret -}}
+{{- fail "redis.external: set url or existingSecret, not both" -}}
+{{- end -}}
+{{- if and (or .external.url .external.existingSecret) (or .auth.password .auth.existingSecret) -}}
+{{- fail "redis.auth is the password of the chart's own Redis, which does not run with redis.external set; put the password in the external URL" -}}
+{{- end -}}
+{{- if and .auth.password .auth.existingSecret -}}
+{{- fail "redis.auth: set password or existingSecret, not both" -}}
 {{- end -}}
 {{- end -}}
 
