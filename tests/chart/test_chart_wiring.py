@@ -73,9 +73,10 @@ def test_the_operators_cluster_role_has_exactly_the_rules_of_k8s_rbac():
 def test_the_components_run_the_agreed_command_lines():
     objects = rendered(None)
     assert container(objects, "Deployment", "k25-gateway")["args"] == [
-        "k25", "gateway", "--host", "0.0.0.0", "--port", "8000", "--release", "k25", "--model", "/models/SmolLM2-135M-Instruct.Q4_1.gguf",
-        "--served-model-name", "SmolLM2-135M-Instruct.Q4_1", "--chunker-address", "k25-chunker:5600",
-        "--prefix-index-max-blocks", "262144"]
+        "k25", "gateway", "--host", "0.0.0.0", "--port", "8000", "--release", "k25",
+        "--model", "/models/SmolLM2-135M-Instruct.Q4_1.gguf", "--served-model-name", "SmolLM2-135M-Instruct.Q4_1",
+        "--chunker-address", "k25-chunker:5600", "--prefix-index-max-blocks", "262144",
+        "--pool", "a100-40g=2048", "--pool", "a100-80g=4096", "--pool", "h100-80g=8192"]
     assert container(objects, "Deployment", "k25-chunker")["args"] == [
         "k25", "chunker", "--zmq-port", "5600", "--metrics-port", "9600", "--model", "/models/SmolLM2-135M-Instruct.Q4_1.gguf"]
     assert container(objects, "Deployment", "k25-operator")["args"] == ["k25", "operator", "--release", "k25"]
@@ -100,6 +101,13 @@ def test_the_k25_cli_accepts_each_command_line(component):
         assert (parsed.zmq_port, parsed.metrics_port) == (5600, 9600)
     else:
         assert parsed.release == RELEASE
+
+
+@value_sets
+def test_the_gateway_knows_every_pool_so_that_a_pool_at_zero_gets_its_demand_counted(values):
+    objects = rendered(values)
+    parsed = build_parser().parse_args(container(objects, "Deployment", "k25-gateway")["args"][1:])
+    assert sorted(parsed.pools) == sorted((p["metadata"]["name"], p["spec"]["chunkSize"]) for p in of_kind(objects, "EnginePool"))
 
 
 def test_an_external_redis_reaches_every_component_and_the_engines():
