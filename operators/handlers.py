@@ -79,9 +79,11 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     @kopf.on.delete(*ENGINE_POOLS, **on)
     def delete_deployment(name, namespace, uid, memo, logger, **_):
         existing = memo.kube.get_deployment(namespace, deployment_name(name))
-        if existing is not None and not owned_by(existing, uid):
+        if existing is None:
+            return
+        if not owned_by(existing, uid):
             logger.info(f"left Deployment {deployment_name(name)} in place: this pool does not own it")
-        elif existing is not None and memo.kube.delete_deployment(namespace, deployment_name(name)):
+        elif memo.kube.delete_deployment(namespace, deployment_name(name)):
             logger.info(f"deleted Deployment {deployment_name(name)}")
 
     @kopf.timer(*ENGINE_POOLS, interval=config.interval_s, **on)
