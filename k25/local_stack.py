@@ -1,8 +1,10 @@
 """Child processes of `k25 up`: start them, start again those that exit, stop every one.
 
 Each child writes its log to a file in the stack's log folder (a child started again
-appends to it). On Linux a child is also told to receive SIGTERM if `k25 up` itself dies,
-so that not even a SIGKILL of the parent leaves an orphan.
+appends to it). Each runs in a process group of its own, so that a Ctrl-C at the terminal
+reaches only `k25 up`, which then stops its children in order. On Linux a child is also
+told to receive SIGTERM if `k25 up` itself dies, so that not even a SIGKILL of the parent
+leaves an orphan.
 
 A child that exits on its own is started again with the same command (so the same ports)
 after the delay of restart_policy.py; one that `stop` ended is not. Neither `stop` nor
@@ -88,7 +90,7 @@ class ProcessGroup:
         with open(child.log_path, "ab") as log_file:
             child.process = subprocess.Popen(
                 child.argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                env={**os.environ, **child.env}, preexec_fn=_die_with_parent,
+                env={**os.environ, **child.env}, preexec_fn=_die_with_parent, process_group=0,
             )
         child.started_at = time.monotonic()
         child.starts += 1

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from tests.helpers.gateway_process import children_of, start_stack
-from tests.helpers.up_stack import alive
+from tests.helpers.up_stack import alive, process_group
 
 pytestmark = pytest.mark.slow
 
@@ -24,6 +24,8 @@ def test_ctrl_c_lets_a_running_request_finish_then_stops_engines_gateway_and_red
     stack = start_stack(str(tmp_path / "up.log"), "--model", "tiny-random", "--log-dir", str(tmp_path),
                         "--drain-timeout-s", str(DRAIN_TIMEOUT_S))
     children = children_of(stack.process.pid)
+    # a Ctrl-C at the terminal goes to the foreground process group: only k25 up is in it
+    assert all(process_group(pid) != process_group(stack.process.pid) for pid in children)
     body = {"model": "tiny-random", "prompt": "Hi", "max_tokens": LONG_ANSWER_TOKENS, "temperature": 0, "stream": True}
     events = []
     try:

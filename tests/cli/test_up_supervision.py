@@ -81,3 +81,20 @@ def test_a_part_that_dies_is_started_again_on_the_same_address(stack, part):
     wait_until(lambda: serves_everything(stack), timeout_s=120, interval_s=0.5, what=f"the stack serving after the {part} came back")
     # no engine had to start again: they outlived the lost part (and registered again in a new, empty Redis)
     assert [restarts(stack, engine) for engine in ENGINES] == engine_restarts
+
+
+def test_an_engine_that_dies_while_redis_hangs_is_left_to_expire_and_starts_again(stack):
+    wait_until(lambda: serves_everything(stack), timeout_s=120, interval_s=0.5, what="the whole stack serving")
+    client = redis_client(stack)
+    first = incarnation(client, "engine-default-1")
+    redis_pid = part_pid(stack, "redis")
+    os.kill(redis_pid, signal.SIGSTOP)  # running, but answering nothing
+    try:
+        os.kill(part_pid(stack, "engine-default-1"), signal.SIGKILL)
+        wait_until(lambda: re.search(r"engine-default-1\s+could not be removed from the registry", stack.log()),
+                   timeout_s=60, what="k25 up failing to unregister the dead engine")
+    finally:
+        os.kill(redis_pid, signal.SIGCONT)
+    wait_until(lambda: incarnation(client, "engine-default-1") not in (None, first), timeout_s=120, interval_s=0.2,
+               what="a new engine-default-1 registering")
+    wait_until(lambda: serves_everything(stack), timeout_s=120, interval_s=0.5, what="the whole stack serving again")

@@ -37,10 +37,19 @@ def announced(stack: ServiceProcess, engine: str) -> list[dict[str, str]]:
     return [dict(address=a, health=h, metrics=m) for a, h, m in re.findall(pattern, stack.log(), re.M)]
 
 
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/PID/stat after the command name: state, parent, process group, ..."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
 def alive(pid: int) -> bool:
     """The process runs (a zombie does not count)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        return _stat_fields(pid)[0] != "Z"
     except OSError:
         return False
+
+
+def process_group(pid: int) -> int:
+    return int(_stat_fields(pid)[2])
