@@ -2,16 +2,26 @@
 
 import zmq
 
+# the longest frame a K25 server takes by default: a long-document prompt is a few MiB of token ids
+DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
+
+
+def tcp_endpoint(host: str, port: int) -> str:
+    """tcp://host:port, with an IPv6 address in brackets."""
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
 
 def bind_router(context: zmq.Context, host: str, port: int, sndhwm: int, rcvhwm: int, linger_ms: int,
                 options: dict[int, int] | None = None) -> tuple[zmq.Socket, int]:
-    """A ROUTER bound to tcp://host:port (port 0: any free one); returns it and its port.
-    A failed bind closes the socket and the context before it raises."""
+    """A ROUTER bound to tcp://host:port (port 0: any free one; host an IPv4 or IPv6 address, or
+    * for every IPv4 interface); returns it and its port. A failed bind closes the socket and
+    the context before it raises."""
     socket = context.socket(zmq.ROUTER)
-    for option, value in {zmq.SNDHWM: sndhwm, zmq.RCVHWM: rcvhwm, zmq.LINGER: linger_ms, **(options or {})}.items():
+    defaults = {zmq.SNDHWM: sndhwm, zmq.RCVHWM: rcvhwm, zmq.LINGER: linger_ms, zmq.IPV6: int(":" in host)}
+    for option, value in {**defaults, **(options or {})}.items():
         socket.setsockopt(option, value)
     try:
-        socket.bind(f"tcp://{host}:{port}")
+        socket.bind(tcp_endpoint(host, port))
     except zmq.ZMQError:
         socket.close(linger=0)
         context.term()

@@ -139,7 +139,8 @@ class RolloutWatcher:
                     continue
                 data = message["data"]
                 adapter = data.decode() if isinstance(data, bytes) else str(data)
-                if not self.sync(adapter, read_rollout(self.client, self.release, adapter), deleted=True) and reconcile_at is None:
+                loaded = self.sync(adapter, read_rollout(self.client, self.release, adapter), deleted=True)
+                if not loaded and reconcile_at is None:
                     reconcile_at = time.monotonic() + load_delay
         finally:
             pubsub.close()

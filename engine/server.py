@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from common.zmq_router import bind_router
+from common.zmq_router import DEFAULT_MAX_FRAME_BYTES, bind_router, tcp_endpoint
 from engine.base.errors import EngineError, ErrorCode
 from engine.engine import LLMEngine
 from engine.health import HealthReport, HealthSettings, StepHealth
@@ -72,7 +72,6 @@ log = logging.getLogger(__name__)
 LOG_FIRST_MALFORMED = 10
 LOG_EVERY_MALFORMED = 1000
 
-DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
 PROBE_REQUEST_PREFIX = "k25-health-probe-"
 
 
@@ -138,7 +137,7 @@ class EngineServer:
 
     def serve(self, stop: threading.Event) -> None:
         """Serve until `stop.is_set()` (an Event, or anything with that method)."""
-        log.info("engine server listening on tcp://%s:%d", self.settings.bind_host, self.port)
+        log.info("engine server listening on %s", tcp_endpoint(self.settings.bind_host, self.port))
         while not stop.is_set():
             self.run_once()
 

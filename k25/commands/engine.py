@@ -7,13 +7,13 @@ import sys
 import threading
 import uuid
 
+from common.zmq_router import DEFAULT_MAX_FRAME_BYTES
+from engine.health import HealthSettings
 from k25.commands.engine_settings import add_engine_settings, load_for_engine
 
 DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_DRAIN_TIMEOUT_S = 25.0  # inside Kubernetes' default 30 s grace period; the chart sizes its grace period from it
-DEFAULT_STEP_STALL_S = 60.0
-DEFAULT_MAX_FAILED_STEPS = 3
-DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
+DEFAULT_HEALTH = HealthSettings()
 
 log = logging.getLogger("k25.engine")
 
@@ -67,12 +67,12 @@ def register(subparsers) -> None:
     life.add_argument("--drain-timeout-s", type=float, default=DEFAULT_DRAIN_TIMEOUT_S,
                       help="after SIGTERM, how long running requests may take to finish before they are ended with "
                       f"CANCELLED (default {DEFAULT_DRAIN_TIMEOUT_S:g}); give the pod a longer grace period")
-    life.add_argument("--step-stall-s", type=float, default=DEFAULT_STEP_STALL_S,
+    life.add_argument("--step-stall-s", type=float, default=DEFAULT_HEALTH.step_stall_s,
                       help="with requests to run and no engine step finished for this long, the engine reports "
-                      f"unhealthy (default {DEFAULT_STEP_STALL_S:g})")
-    life.add_argument("--max-failed-steps", type=int, default=DEFAULT_MAX_FAILED_STEPS,
+                      f"unhealthy (default {DEFAULT_HEALTH.step_stall_s:g})")
+    life.add_argument("--max-failed-steps", type=int, default=DEFAULT_HEALTH.max_failed_steps,
                       help="engine steps failing in a row after which it reports unhealthy until one succeeds "
-                      f"(default {DEFAULT_MAX_FAILED_STEPS})")
+                      f"(default {DEFAULT_HEALTH.max_failed_steps})")
     add_engine_settings(p)
     p.set_defaults(handler=run)
 
@@ -84,7 +84,6 @@ def run(args: argparse.Namespace) -> int:
     from common.tracing import setup_tracing
     from engine.base.errors import EngineConfigError
     from engine.engine import LLMEngine
-    from engine.health import HealthSettings
     from engine.heartbeat import Heartbeat, registry_client
     from engine.kv_events import KVEventPublisher
     from engine.metrics import EngineMetrics

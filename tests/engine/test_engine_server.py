@@ -8,15 +8,18 @@ import os
 import subprocess
 import urllib.request
 
-import pytest
 import psutil
+import pytest
+import zmq
 from prometheus_client.parser import text_string_to_metric_families
+from zmq.utils.monitor import recv_monitor_message
 
 from common.redis_keys import engines_expiry_key
 from engine.base.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.offline import generate
 from engine.sampling_params import SamplingParams
+from k25.cli import build_parser
 from proto import k25_pb2
 from tests.helpers.engine_frames import malformed_frames
 from tests.helpers.engine_process import (
@@ -249,9 +252,21 @@ def test_healthz_answers_on_the_metrics_port(engine):
 
 
 def test_a_frame_over_the_limit_is_dropped_and_the_engine_serves_on(engine, prompt):
-    sender = dealer(engine.address)
-    sender.send(b"\x0a" + b"\x00" * MAX_FRAME_BYTES)  # one byte over: ZMQ drops it (and the link) unread
-    for client in (sender, dealer(engine.address)):  # the sender reconnects on its own; a newcomer is served too
+    sender = zmq.Context.instance().socket(zmq.DEALER)
+    sender.setsockopt(zmq.LINGER, 0)
+    link = sender.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+
+    def next_link_event() -> int:
+        assert link.poll(60_000), "no connection event within 60 s"
+        return recv_monitor_message(link)["event"]
+
+    sender.connect(engine.address)
+    assert next_link_event() == zmq.EVENT_CONNECTED
+    sender.send(b"\x0a" + b"\x00" * MAX_FRAME_BYTES)  # one byte over the limit
+    assert next_link_event() == zmq.EVENT_DISCONNECTED  # ZMQ dropped the frame and the link, unread
+    assert next_link_event() == zmq.EVENT_CONNECTED  # the sender reconnects on its own
+    newcomer = dealer(engine.address)
+    for client in (sender, newcomer):  # it is served again, and so is a newcomer
         message = generate_message(prompt, CHUNK, max_tokens=3)
         send(client, message)
         replies = [receive(client)]
@@ -259,7 +274,9 @@ def test_a_frame_over_the_limit_is_dropped_and_the_engine_serves_on(engine, prom
             replies.append(receive(client))
         assert {request_id_of(r) for r in replies} == {message.generate.request_id}  # nothing answered the big frame
         assert replies[-1].final.usage.completion_tokens == 3
-        client.close()
+    sender.disable_monitor()
+    for socket in (link, sender, newcomer):
+        socket.close()
     assert engine.process.poll() is None and "Traceback" not in engine.log()
 
 
@@ -277,3 +294,23 @@ def test_a_model_file_that_does_not_hash_as_told_stops_the_engine_before_it_load
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()[-1:]
     assert line.startswith("k25 engine: ") and fragment in line and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--drain-timeout-s", "-1"], "--drain-timeout-s must be 0 or more"),
+    (["--step-stall-s", "0"], "--step-stall-s must be positive"),
+    (["--max-failed-steps", "0"], "--max-failed-steps must be at least 1"),
+    (["--max-frame-bytes", "0"], "--max-frame-bytes must be at least 1"),
+    (["--heartbeat-ttl-s", "1"], "--heartbeat-ttl-s must be longer"),
+])
+def test_flags_that_cannot_work_are_refused_before_anything_loads(flags, message, capsys):
+    args = build_parser().parse_args(["engine", *flags])
+    assert args.handler(args) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"k25 engine: {message}")
+
+
+def test_the_defaults_the_chart_and_k25_up_rely_on():
+    args = build_parser().parse_args(["engine"])
+    assert (args.drain_timeout_s, args.step_stall_s, args.max_failed_steps) == (25.0, 60.0, 3)
+    assert (args.max_frame_bytes, args.bind_address, args.model_sha256) == (16 * 1024 * 1024, "0.0.0.0", [])
