@@ -230,7 +230,8 @@ class Dispatcher:
             try:
                 stream = await self.connections.get(engine.address).submit(requests[route.chunk_size], self.connect_timeout_s)
             except EngineUnavailable:
-                previous_failure = self._failed(engine, "unreachable")
+                self.errors.failed(engine.engine_id, time.time())
+                previous_failure = "unreachable"
                 continue
             try:
                 first = await _next(stream, job.remaining_s())
@@ -239,14 +240,15 @@ class Dispatcher:
                 raise
             if first is ENGINE_GONE:
                 stream.close()
-                previous_failure = self._failed(engine, "lost")
+                self.errors.failed(engine.engine_id, time.time())
+                previous_failure = "lost"
                 continue
             if first.WhichOneof("kind") == "error":
                 stream.close()
                 code = first.error.code
                 reason = k25_pb2.ErrorCode.Name(code).lower()
                 if code in ENGINE_FAULTS:
-                    self._failed(engine, reason)
+                    self.errors.failed(engine.engine_id, time.time())
                 if code in RETRYABLE_ENGINE_ERRORS:
                     previous_failure = reason
                     continue
@@ -262,10 +264,6 @@ class Dispatcher:
         if last_fault is not None:  # the last engine failed the job rather than refusing it
             raise from_engine_error(last_fault)
         raise overloaded("every engine that could serve this request refused it or is unreachable; try again shortly")
-
-    def _failed(self, engine: EngineView, reason: str) -> str:
-        self.errors.failed(engine.engine_id, time.time())
-        return reason
 
 
 def cached_shares(job: Job, engines: list[EngineView], index: PrefixIndex) -> dict[str, float]:

@@ -87,13 +87,9 @@ def test_an_engine_failing_every_request_fast_gets_none_once_it_has_failed(gatew
     assert gateway_metric(gateway, 'k25_gateway_engine_retries_total{reason="internal"}') == 1
 
 
-def test_a_request_every_engine_fails_is_tried_on_two_engines_only(world):
-    """Three routes to failing engines (the faulty engine's entry under three ids): the request
-    fails with the engine's error after the second, and the third is never asked."""
-    _, engines = world
-    faulty = EngineView.from_entry("faulty", engines["faulty"].registry_entry())
-    views = [replace(faulty, engine_id=f"faulty-{i}") for i in range(3)]
-
+def open_on(views: list[EngineView]) -> tuple[OpenAIError, dict[str, int], GatewayMetrics]:
+    """Open a request for legal@v1 on these engines: the error it ends with, the errors
+    recorded per engine, and the metrics."""
     async def scenario():
         connections = EngineConnections()
         errors, metrics = RecentErrors(3600), GatewayMetrics()
@@ -108,7 +104,22 @@ def test_a_request_every_engine_fails_is_tried_on_two_engines_only(world):
             await connections.close()
         return failed.value, errors.counts(time.time()), metrics
 
-    error, counts, metrics = asyncio.run(scenario())
+    return asyncio.run(scenario())
+
+
+def test_a_request_every_engine_fails_is_tried_on_two_engines_only(world):
+    """Three routes to failing engines (the faulty engine's entry under three ids): the request
+    fails with the engine's error after the second, and the third is never asked."""
+    _, engines = world
+    faulty = EngineView.from_entry("faulty", engines["faulty"].registry_entry())
+    error, counts, metrics = open_on([replace(faulty, engine_id=f"faulty-{i}") for i in range(3)])
     assert error.status == 500 and error.code == "engine_error"
     assert sorted(counts.values()) == [1, 1]  # two of the three were asked, each once
     assert metrics.engine_retries.labels("internal")._value.get() == 1
+
+
+def test_a_request_the_only_engine_fails_gets_its_error_not_a_503(world):
+    _, engines = world
+    error, counts, metrics = open_on([EngineView.from_entry("faulty", engines["faulty"].registry_entry())])
+    assert error.status == 500 and error.code == "engine_error" and counts == {"faulty": 1}
+    assert metrics.engine_retries.labels("internal")._value.get() == 0
