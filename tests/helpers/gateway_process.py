@@ -74,7 +74,8 @@ def _spawn(argv: list[str], port: int, log_path: str, env: dict | None = None) -
 
 
 def start_gateway(redis_url: str, log_path: str, *flags: str, model: str = "tiny-random", timeout_s: float = 60) -> ServiceProcess:
-    """Start `k25 gateway` and return once /readyz says it sees an engine."""
+    """Start `k25 gateway` and return once /readyz says it is ready. It is ready without
+    engines: start those it must see first (its first registry read comes before it is ready)."""
     port = free_port()
     argv = [*K25, "gateway", "--port", str(port), "--model", model, "--redis-url", redis_url, "--release", RELEASE, *flags]
     return _wait_ready(_spawn(argv, port, log_path), timeout_s)
