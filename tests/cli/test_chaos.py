@@ -33,7 +33,7 @@ SENDERS = 3
 MAX_TOKENS = 32
 REQUEST_TIMEOUT_S = 120  # far beyond any answer here, on a busy machine too: a request that takes this long has hung
 # completions before the hurt (the load is flowing) and after the recovery (it flows again)
-STEADY_COMPLETIONS = 6
+STEADY_COMPLETIONS = 4
 RECOVERY_TIMEOUT_S = 180  # an engine's drain (25 s at most) plus a new engine's start, on a busy machine
 
 
@@ -45,9 +45,11 @@ class Outcome:
 
 
 class Load:
-    """SENDERS closed-loop senders of streamed completions, from `with` until its end."""
+    """SENDERS closed-loop senders of streamed completions, from `with` until its end, which
+    prints what they saw (also when the scenario failed)."""
 
-    def __init__(self, base_url: str):
+    def __init__(self, base_url: str, scenario: str):
+        self.scenario = scenario
         self.client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=REQUEST_TIMEOUT_S)
         self.outcomes: list[Outcome] = []
         self._stop = threading.Event()
@@ -62,6 +64,7 @@ class Load:
         self._stop.set()
         for sender in self._senders:
             sender.join(timeout=REQUEST_TIMEOUT_S + 30)
+        self.report()
         assert not any(sender.is_alive() for sender in self._senders), "a sender hung past its request timeout"
 
     def _send(self) -> None:
@@ -91,9 +94,9 @@ class Load:
     def failed(self) -> list[Outcome]:
         return [o for o in self.outcomes if o.result != "completed"]
 
-    def report(self, scenario: str) -> None:
+    def report(self) -> None:
         failures = Counter(o.result for o in self.failed())
-        print(f"\nchaos {scenario}: sent {len(self.outcomes)}, completed {self.completed()}, failed {len(self.failed())}"
+        print(f"\nchaos {self.scenario}: sent {len(self.outcomes)}, completed {self.completed()}, failed {len(self.failed())}"
               + (f" ({', '.join(f'{n} {r}' for r, n in failures.items())})" if failures else ""))
 
 
@@ -117,7 +120,7 @@ def under_load(stack, scenario: str, hurt, back) -> tuple[Load, float]:
     """Run the load, `hurt()` the stack once it flows, keep on until `back()` and past it;
     returns the load and when the hurt came."""
     wait_until(lambda: whole(stack), timeout_s=RECOVERY_TIMEOUT_S, interval_s=0.5, what="the whole stack serving")
-    with Load(stack.url) as load:
+    with Load(stack.url, scenario) as load:
         wait_until(lambda: load.completed() >= STEADY_COMPLETIONS, timeout_s=RECOVERY_TIMEOUT_S, what="the load flowing")
         hurt_at = time.monotonic()
         hurt()
@@ -125,7 +128,6 @@ def under_load(stack, scenario: str, hurt, back) -> tuple[Load, float]:
         settled = load.completed()
         wait_until(lambda: load.completed() >= settled + STEADY_COMPLETIONS, timeout_s=RECOVERY_TIMEOUT_S,
                    what="the load flowing again")
-    load.report(scenario)
     return load, hurt_at
 
 
