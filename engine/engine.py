@@ -72,7 +72,7 @@ class LLMEngine:
         self._sequences: dict[str, Sequence] = {}
         self._generators: dict[str, torch.Generator] = {}
         self.num_preemptions = 0
-        self.last_step: StepRecord | None = None  # what the latest step computed (for tracing)
+        self.last_step: StepRecord | None = None  # what the latest step computed (for tracing); None: nothing
         self.last_forward_failed: bool | None = None  # whether the latest step's forward raised; None: it ran none
         # test seam: called with the batch inside the step's error handling, just before the forward;
         # an exception from it fails the step as a failing forward would (see tests/engine/test_engine_health.py)
@@ -180,7 +180,7 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         self.num_preemptions += len(batch.preempted)
         outputs += self._assign_adapter_slots(batch)
-        self.last_forward_failed = None
+        self.last_step, self.last_forward_failed = None, None
         if not batch.items:
             return outputs
         now = time.monotonic()
@@ -190,8 +190,8 @@ class LLMEngine:
                 seq.first_scheduled_time = now
         for seq in batch.preempted:
             self.block_tables.remove(seq.request_id)
-        forward = build_forward_batch(batch.items, self.block_tables, self.config.block_size, self.device)
         try:
+            forward = build_forward_batch(batch.items, self.block_tables, self.config.block_size, self.device)
             if self.before_forward is not None:
                 self.before_forward(batch)
             with torch.inference_mode():
