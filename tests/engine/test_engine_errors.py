@@ -226,3 +226,13 @@ def test_no_room_is_resource_exhausted_without_an_engine(num_waiting, kv_usage, 
     with pytest.raises(EngineError) as info:
         check_room(num_waiting, max_waiting=4, kv_usage=kv_usage, kv_admission_limit=0.92)
     assert info.value.code is ErrorCode.RESOURCE_EXHAUSTED and said in info.value.message
+
+
+def test_a_step_records_what_it_computed_and_one_that_computed_nothing_records_nothing(engine):
+    engine.add_request(make_request(engine, prompt(5), SamplingParams(max_tokens=2, ignore_eos=True)))
+    engine.step()
+    assert engine.last_step is not None and engine.last_forward_failed is False
+    while engine.has_unfinished():
+        engine.step()
+    engine.step()  # nothing left to run
+    assert engine.last_step is None and engine.last_forward_failed is None
