@@ -80,6 +80,7 @@ class ServerSettings:
     port: int = 5555  # 0: any free port (see EngineServer.port)
     bind_host: str = "0.0.0.0"
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES  # longer frames are dropped by ZMQ, their peer disconnected
+    curve_secret_key: bytes | None = None  # the release's CURVE key: only its holders may connect
     sndhwm: int = 5000
     rcvhwm: int = 5000
     linger_ms: int = 1000
@@ -116,9 +117,9 @@ class EngineServer:
         self._next_probe_at = 0.0  # monotonic
         self._probes = 0
         self._context = zmq.Context()
-        self.socket, self.port = bind_router(
+        self.socket, self.port, self._authenticator = bind_router(
             self._context, settings.bind_host, settings.port, settings.sndhwm, settings.rcvhwm, settings.linger_ms,
-            {zmq.ROUTER_MANDATORY: 1, zmq.MAXMSGSIZE: settings.max_frame_bytes},
+            {zmq.ROUTER_MANDATORY: 1, zmq.MAXMSGSIZE: settings.max_frame_bytes}, settings.curve_secret_key,
         )
         self._outbox = Outbox(self.socket)
         self._routes: dict[str, _Route] = {}
@@ -391,6 +392,8 @@ class EngineServer:
             time.sleep(self.settings.send_retry_ms / 1000)
             self._flush()
         self.socket.close(linger=max(0, round((deadline - time.monotonic()) * 1000)))
+        if self._authenticator:
+            self._authenticator.stop()
         self._context.term()
         self._publish_stats()
 

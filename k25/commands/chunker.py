@@ -20,6 +20,9 @@ def register(subparsers) -> None:
         "leave them unset. SIGTERM or SIGINT shuts it down cleanly.",
     )
     p.add_argument("--zmq-port", type=int, default=5600, help="ROUTER port (default 5600)")
+    p.add_argument("--bind-address", default="0.0.0.0",
+                   help="interface the ZMQ ROUTER and the metrics port listen on, e.g. the pod IP or 127.0.0.1 "
+                   "(default 0.0.0.0: every interface)")
     p.add_argument("--metrics-port", type=int, default=9600, help="Prometheus /metrics port; 0 turns it off (default 9600)")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"whose tokenizer counts the tokens (default {DEFAULT_MODEL})")
     p.add_argument(
@@ -39,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from common.model_source import ModelLoadError
     from common.tokenizer import load_tokenizer
     from common.tracing import setup_tracing
+    from common.zmq_curve import secret_key_from_env
     from services.chunker.boundaries import ChunkParams
     from services.chunker.chunker import Chunker
     from services.chunker.metrics import ChunkerMetrics
@@ -48,22 +52,23 @@ def run(args: argparse.Namespace) -> int:
         if args.max_document_bytes < 1:
             raise ValueError(f"--max-document-bytes must be positive, got {args.max_document_bytes}")
         defaults = ChunkParams(args.passage_tokens, args.overlap_ratio, args.semantic_threshold)
+        curve_secret_key = secret_key_from_env()
         chunker = Chunker(load_tokenizer(args.model))
-    except (ValueError, ModelLoadError) as exc:
+    except (ValueError, ModelLoadError) as exc:  # CurveKeyError is a ValueError
         print(f"k25 chunker: {exc}", file=sys.stderr)
         return 2
     settings = ChunkerSettings(
-        port=args.zmq_port, sndhwm=args.sndhwm, rcvhwm=args.rcvhwm, linger_ms=args.linger_ms,
+        port=args.zmq_port, bind_host=args.bind_address, curve_secret_key=curve_secret_key, sndhwm=args.sndhwm, rcvhwm=args.rcvhwm, linger_ms=args.linger_ms,
         max_document_bytes=args.max_document_bytes, defaults=defaults,
     )
     metrics = ChunkerMetrics()
     try:
         server = ChunkerServer(chunker, settings, metrics)
     except zmq.ZMQError as exc:
-        print(f"k25 chunker: cannot listen on ZMQ port {args.zmq_port}: {exc}", file=sys.stderr)
+        print(f"k25 chunker: cannot listen on ZMQ port {args.zmq_port} at {args.bind_address}: {exc}", file=sys.stderr)
         return 2
     try:
-        metrics_port = metrics.serve(args.metrics_port) if args.metrics_port else None
+        metrics_port = metrics.serve(args.metrics_port, args.bind_address) if args.metrics_port else None
     except OSError as exc:
         server.close()
         print(f"k25 chunker: cannot serve metrics on port {args.metrics_port}: {exc}", file=sys.stderr)

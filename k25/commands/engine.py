@@ -10,6 +10,7 @@ import uuid
 from common.zmq_router import DEFAULT_MAX_FRAME_BYTES
 from engine.health import HealthSettings
 from k25.commands.engine_settings import add_engine_settings, load_for_engine
+from k25.commands.redis_flags import add_redis_flags
 
 DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_DRAIN_TIMEOUT_S = 25.0  # inside Kubernetes' default 30 s grace period; the chart sizes its grace period from it
@@ -50,8 +51,7 @@ def register(subparsers) -> None:
                    "(default 0.0.0.0: every interface)")
     p.add_argument("--metrics-port", type=int, default=9100,
                    help="port of Prometheus /metrics and of /healthz; 0 turns both off (default 9100)")
-    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="registry Redis; '' runs without one")
-    p.add_argument("--release", default="k25", help="prefix of every Redis key (default k25)")
+    add_redis_flags(p, "registry Redis; '' runs without one")
     p.add_argument("--advertise-host", default="127.0.0.1", help="host gateways dial, e.g. the pod IP (default 127.0.0.1)")
     p.add_argument("--engine-id", default=None, help="registry name (default HOSTNAME-ZMQPORT)")
     p.add_argument("--sndhwm", type=int, default=5000,
@@ -82,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
     from common.model_source import ModelLoadError
     from common.tracing import setup_tracing
+    from common.zmq_curve import CurveKeyError, secret_key_from_env
     from engine.base.errors import EngineConfigError
     from engine.engine import LLMEngine
     from engine.heartbeat import Heartbeat, registry_client
@@ -97,6 +98,11 @@ def run(args: argparse.Namespace) -> int:
     problem = invalid_flags(args)
     if problem:
         print(f"k25 engine: {problem}", file=sys.stderr)
+        return 2
+    try:
+        curve_secret_key = secret_key_from_env()
+    except CurveKeyError as exc:
+        print(f"k25 engine: {exc}", file=sys.stderr)
         return 2
     try:
         checksums = parse_model_checksums(args.model_sha256)
@@ -115,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     settings = ServerSettings(
         port=args.zmq_port, bind_host=args.bind_address, sndhwm=args.sndhwm, rcvhwm=args.rcvhwm, linger_ms=args.linger_ms,
-        max_frame_bytes=args.max_frame_bytes, faulty_adapters=frozenset(args.inject_fault),
+        max_frame_bytes=args.max_frame_bytes, curve_secret_key=curve_secret_key, faulty_adapters=frozenset(args.inject_fault),
         health=HealthSettings(max_failed_steps=args.max_failed_steps, step_stall_s=args.step_stall_s),
     )
     metrics = EngineMetrics()

@@ -2,6 +2,7 @@
 service account when it runs in a pod). It handles only the resources labelled k25.io/release=<release>."""
 
 import os
+from k25.commands.redis_flags import add_redis_flags
 
 
 def register(subparsers) -> None:
@@ -10,11 +11,9 @@ def register(subparsers) -> None:
                        help="watch this namespace (repeatable); default: the whole cluster. With namespaces, the "
                             "operator needs no cluster-wide permission and keeps its peering record (a KopfPeering) "
                             "in each of them")
-    parser.add_argument("--release", default=os.environ.get("K25_RELEASE", "k25"),
-                        help="release name: the prefix of every Redis key, and the k25.io/release label of the "
-                             "EnginePools and AdapterRollouts this operator handles (default: $K25_RELEASE or k25)")
-    parser.add_argument("--redis-url", default=os.environ.get("K25_REDIS_URL", "redis://127.0.0.1:6379/0"),
-                        help="where the gateways count requests (default: $K25_REDIS_URL)")
+    add_redis_flags(parser, "where the gateways count requests",
+                    "release name: the prefix of every Redis key, and the k25.io/release label of the "
+                    "EnginePools and AdapterRollouts this operator handles")
     parser.add_argument("--redis-secret", default=os.environ.get("K25_REDIS_SECRET") or None,
                         help="the Secret, in each pool's namespace, whose key redis-url the engines read as "
                              "K25_REDIS_URL (default: $K25_REDIS_SECRET); without one they get --redis-url as a "

@@ -9,13 +9,13 @@ gateway splits users by it.
 
 import sys
 import time
+from k25.commands.redis_flags import add_redis_flags
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("rollout", help="run an AdapterRollout canary against a local stack", description=__doc__)
     p.add_argument("file", metavar="FILE", help="an AdapterRollout manifest (YAML)")
-    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="the stack's Redis (k25 up prints it)")
-    p.add_argument("--release", default="k25", help="prefix of every Redis key (default k25)")
+    add_redis_flags(p, "the stack's Redis (k25 up prints it)")
     p.add_argument("--tick-s", type=float, default=1.0, help="seconds between steps (default 1)")
     p.set_defaults(handler=run)
 

@@ -22,6 +22,7 @@ import time
 import urllib.request
 
 from common.model_source import DEFAULT_MODEL
+from common.zmq_curve import ENV as CURVE_ENV, new_secret_key
 from k25.restart_policy import describe_exit
 
 STARTUP_TIMEOUT_S = 300
@@ -85,6 +86,8 @@ class LocalStack:
         self.client = None
         self._engine_counter = 0
         self._k25 = [sys.executable, "-m", "k25.cli"]
+        # engines and the chunker admit only the gateway of this stack (a key made for the run)
+        self._transport_env = {CURVE_ENV: os.environ.get(CURVE_ENV) or new_secret_key()}
 
     @staticmethod
     def say(text: str) -> None:
@@ -135,7 +138,7 @@ class LocalStack:
             "--bind-address", "127.0.0.1", "--zmq-port", "0", "--metrics-port", str(metrics_port),
             "--drain-timeout-s", str(self.args.drain_timeout_s), "--redis-url", self.redis_url,
             "--release", self.args.release, "--engine-id", name, *self._lora_flags(), *self.args.engine_flag,
-        ], ENGINES, self.args.drain_timeout_s + DRAIN_MARGIN_S)
+        ], ENGINES, self.args.drain_timeout_s + DRAIN_MARGIN_S, self._transport_env)
         child.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         return child
 
@@ -188,8 +191,9 @@ class LocalStack:
         from k25.local_stack import free_port
 
         port, metrics_port = free_port(), free_port()
-        self.group.spawn("chunker", [*self._k25, "chunker", "--zmq-port", str(port), "--metrics-port", str(metrics_port),
-                                     "--model", self.args.model], FRONT, STOP_GRACE_S)
+        self.group.spawn("chunker", [*self._k25, "chunker", "--bind-address", "127.0.0.1", "--zmq-port", str(port),
+                                     "--metrics-port", str(metrics_port), "--model", self.args.model],
+                         FRONT, STOP_GRACE_S, self._transport_env)
         self.wait_for("the chunker", lambda: _http_ok(f"http://127.0.0.1:{metrics_port}/metrics"), timeout_s=60)
         self.say(f"{'chunker':<18} tcp://127.0.0.1:{port}, metrics http://127.0.0.1:{metrics_port}/metrics")
         return f"127.0.0.1:{port}"
@@ -200,7 +204,7 @@ class LocalStack:
                 "--redis-url", self.redis_url, "--release", args.release, "--chunker-address", chunker_address]
         if args.api_keys_file:
             argv += ["--api-keys-file", args.api_keys_file]
-        self.group.spawn("gateway", argv, FRONT, STOP_GRACE_S)
+        self.group.spawn("gateway", argv, FRONT, STOP_GRACE_S, self._transport_env)
         base = f"http://{args.host}:{args.port}"
         self.wait_for("the gateway", lambda: _http_ok(f"{base}/readyz"), timeout_s=60)
         self.say(f"{'gateway':<18} {base}  (OpenAI base URL {base}/v1, metrics {base}/metrics)")

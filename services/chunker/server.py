@@ -18,7 +18,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from common.tracing import context_from
-from common.zmq_router import bind_router
+from common.zmq_router import bind_router, tcp_endpoint
 from proto import k25_pb2
 from services.chunker.boundaries import ChunkParams
 from services.chunker.chunker import Chunker
@@ -43,6 +43,7 @@ class ChunkerSettings:
     linger_ms: int = 1000
     poll_ms: int = 100  # how often the loop looks at the stop event
     max_document_bytes: int = 8 << 20
+    curve_secret_key: bytes | None = None  # the release's CURVE key: only its holders may connect
     defaults: ChunkParams = field(default_factory=ChunkParams)
 
     @property
@@ -56,12 +57,13 @@ class ChunkerServer:
         self.settings = settings
         self.metrics = metrics or ChunkerMetrics()
         self._context = zmq.Context()
-        self.socket, self.port = bind_router(self._context, settings.bind_host, settings.port, settings.sndhwm,
-                                             settings.rcvhwm, settings.linger_ms, {zmq.MAXMSGSIZE: settings.max_frame_bytes})
+        self.socket, self.port, self._authenticator = bind_router(
+            self._context, settings.bind_host, settings.port, settings.sndhwm, settings.rcvhwm, settings.linger_ms,
+            {zmq.MAXMSGSIZE: settings.max_frame_bytes}, settings.curve_secret_key)
         self.malformed_frames = 0
 
     def serve(self, stop: threading.Event) -> None:
-        log.info("chunker listening on tcp://%s:%d", self.settings.bind_host, self.port)
+        log.info("chunker listening on %s", tcp_endpoint(self.settings.bind_host, self.port))
         while not stop.is_set():
             if self.socket.poll(self.settings.poll_ms, zmq.POLLIN):
                 self._handle(self.socket.recv_multipart())
@@ -120,4 +122,6 @@ class ChunkerServer:
 
     def close(self) -> None:
         self.socket.close(linger=self.settings.linger_ms)
+        if self._authenticator:
+            self._authenticator.stop()
         self._context.term()

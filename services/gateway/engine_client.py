@@ -17,6 +17,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from common.zmq_curve import make_client
 from proto import k25_pb2
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,8 @@ class EngineStream:
 
 
 class EngineConnection:
-    def __init__(self, context: zmq.asyncio.Context, address: str, sndhwm: int, rcvhwm: int, linger_ms: int):
+    def __init__(self, context: zmq.asyncio.Context, address: str, sndhwm: int, rcvhwm: int, linger_ms: int,
+                 curve_secret_key: bytes | None = None):
         self.address = address
         self.streams: dict[str, EngineStream] = {}
         self.connected = asyncio.Event()
@@ -66,6 +68,8 @@ class EngineConnection:
         self.socket.setsockopt(zmq.HEARTBEAT_IVL, 1000)
         self.socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
         self.socket.setsockopt(zmq.RECONNECT_IVL, 200)
+        if curve_secret_key:
+            make_client(self.socket, curve_secret_key)
         self._monitor = self.socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         self.socket.connect(f"tcp://{address}")
         self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._watch())]
@@ -144,9 +148,10 @@ class EngineConnection:
 class EngineConnections:
     """A connection per engine address, opened on first use and closed when the engine leaves."""
 
-    def __init__(self, sndhwm: int = 5000, rcvhwm: int = 5000, linger_ms: int = 1000):
+    def __init__(self, sndhwm: int = 5000, rcvhwm: int = 5000, linger_ms: int = 1000, curve_secret_key: bytes | None = None):
         self.context = zmq.asyncio.Context()
         self.sndhwm, self.rcvhwm, self.linger_ms = sndhwm, rcvhwm, linger_ms
+        self.curve_secret_key = curve_secret_key
         self.by_address: dict[str, EngineConnection] = {}
 
     def open_requests(self, address: str) -> int:
@@ -156,7 +161,8 @@ class EngineConnections:
     def get(self, address: str) -> EngineConnection:
         connection = self.by_address.get(address)
         if connection is None:
-            connection = EngineConnection(self.context, address, self.sndhwm, self.rcvhwm, self.linger_ms)
+            connection = EngineConnection(self.context, address, self.sndhwm, self.rcvhwm, self.linger_ms,
+                                          self.curve_secret_key)
             self.by_address[address] = connection
         return connection
 

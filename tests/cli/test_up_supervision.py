@@ -9,7 +9,10 @@ import urllib.error
 import urllib.request
 
 import pytest
+import zmq
+from zmq.utils.monitor import recv_monitor_message
 
+from common.zmq_curve import make_client, new_secret_key
 from tests.helpers.engine_process import wait_until
 from tests.helpers.gateway_process import http_json, start_stack
 from tests.helpers.up_stack import announced, incarnation, part_pid, redis_client
@@ -98,3 +101,25 @@ def test_an_engine_that_dies_while_redis_hangs_is_left_to_expire_and_starts_agai
     wait_until(lambda: incarnation(client, "engine-default-1") not in (None, first), timeout_s=120, interval_s=0.2,
                what="a new engine-default-1 registering")
     wait_until(lambda: serves_everything(stack), timeout_s=120, interval_s=0.5, what="the whole stack serving again")
+
+
+def test_an_engine_admits_only_holders_of_the_stacks_curve_key(stack):
+    """The gateway serves (it holds the key `k25 up` made); a process on the same machine
+    without it fails the handshake, as the socket's monitor shows, and gets nothing."""
+    assert complete(stack) == 200
+    address = announced(stack, "engine-default-1")[-1]["address"]
+    context = zmq.Context()
+    try:
+        intruder = context.socket(zmq.DEALER)
+        intruder.linger = 0
+        make_client(intruder, new_secret_key().encode())
+        monitor = intruder.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                                              | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                                              | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+        intruder.connect(f"tcp://{address}")
+        intruder.send(b"not even protobuf")
+        assert monitor.poll(30_000), "no handshake outcome within 30 s"
+        assert recv_monitor_message(monitor)["event"] != zmq.EVENT_HANDSHAKE_SUCCEEDED
+        assert intruder.poll(0) == 0
+    finally:
+        context.destroy(linger=0)

@@ -88,3 +88,14 @@ def test_the_key_comes_from_the_environment_and_empty_means_off():
 def test_a_malformed_key_is_refused_with_what_a_key_is(bad):
     with pytest.raises(CurveKeyError, match=f"{ENV} must be 40 Z85 characters"):
         secret_key_from_env({ENV: bad})
+
+
+@pytest.mark.parametrize("part", ["engine", "gateway", "chunker"])
+def test_every_zmq_part_refuses_to_start_with_a_malformed_key(part, monkeypatch, capsys):
+    from k25.cli import build_parser
+
+    monkeypatch.setenv(ENV, "not-a-key")
+    args = build_parser().parse_args([part])
+    assert args.handler(args) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == f"k25 {part}: {ENV} must be 40 Z85 characters (a CURVE secret key); got 9 characters that are not one"
