@@ -5,6 +5,7 @@ import sys
 
 from common.model_source import DEFAULT_MODEL
 from k25.commands.up import _pool as pool_spec
+from k25.commands.redis_flags import add_redis_flags
 
 
 def register(subparsers) -> None:
@@ -14,9 +15,7 @@ def register(subparsers) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"the model whose tokenizer and chat template to use, as the engines load it (default {DEFAULT_MODEL})")
     p.add_argument("--served-model-name", default=None, help="the `model` clients send (default: --model)")
-    p.add_argument("--redis-url", default=os.environ.get("K25_REDIS_URL", "redis://127.0.0.1:6379/0"),
-                   help="registry and QPS Redis (default: $K25_REDIS_URL or redis://127.0.0.1:6379/0)")
-    p.add_argument("--release", default=os.environ.get("K25_RELEASE", "k25"), help="prefix of every Redis key (default k25)")
+    add_redis_flags(p, "registry and QPS Redis")
     p.add_argument("--api-keys-file", default=os.environ.get("K25_API_KEYS_FILE"),
                    help="JSON file of hashed API keys and tenant limits (see `k25 api-key`), re-read when it changes; "
                         "without one no key is asked for")
@@ -52,11 +51,17 @@ def run(args) -> int:
     from common.model_source import ModelLoadError
     from common.tokenizer import load_tokenizer
     from common.tracing import setup_tracing
+    from common.zmq_curve import CurveKeyError, secret_key_from_env
     from services.gateway.api_keys import ApiKeysError, ApiKeysFile
     from services.gateway.app import create_app
     from services.gateway.service import Gateway
     from services.gateway.settings import GatewaySettings
 
+    try:
+        curve_secret_key = secret_key_from_env()
+    except CurveKeyError as exc:
+        print(f"k25 gateway: {exc}", file=sys.stderr)
+        return 2
     settings = GatewaySettings(
         model=args.model, served_model_name=args.served_model_name, redis_url=args.redis_url, release=args.release,
         api_keys_file=args.api_keys_file, chunker_address=args.chunker_address,
@@ -66,6 +71,7 @@ def run(args) -> int:
         prefix_index_max_blocks=args.prefix_index_max_blocks,
         share_prefix_cache_across_tenants=args.share_prefix_cache_across_tenants,
         pools=tuple(args.pools), engine_wait_s=args.engine_wait_s, engine_error_window_s=args.engine_error_window_s,
+        curve_secret_key=curve_secret_key,
     )
     problem = _bad_flags(settings)
     if problem:

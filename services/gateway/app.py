@@ -7,23 +7,25 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from services.gateway.api_keys import ANONYMOUS, ApiKeys, Caller
+from services.gateway.admission import AdmissionMiddleware
+from services.gateway.api_keys import ApiKeys, ApiKeysFile, Caller
 from services.gateway.body_limit import BodySizeLimit
 from services.gateway.disconnect import unless_client_leaves
 from services.gateway.document_routes import install_document_routes
-from services.gateway.errors import OpenAIError, install_error_handlers, invalid_request
+from services.gateway.errors import install_error_handlers
 from services.gateway.openai_schema import (
     ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, ErrorResponse, ModelList,
 )
+from services.gateway.request_id import RequestIdMiddleware
 from services.gateway.service import Gateway
 from services.gateway.tracing_middleware import TracingMiddleware
 
 STARTED_AT = int(time.time())
 
-_ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 500, 502, 503, 504)}
+_ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 429, 500, 502, 503, 504)}
 
 
-def create_app(gateway: Gateway, api_keys: ApiKeys | None = None) -> FastAPI:
+def create_app(gateway: Gateway, api_keys: ApiKeys | ApiKeysFile | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         await gateway.start()
@@ -38,33 +40,31 @@ def create_app(gateway: Gateway, api_keys: ApiKeys | None = None) -> FastAPI:
     )
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=gateway.settings.max_body_bytes)
+    # before the body is read: the key, the in-flight limits (admission.py)
+    app.add_middleware(AdmissionMiddleware, admission=gateway.admission, api_keys=api_keys)
+    app.add_middleware(RequestIdMiddleware)
     app.add_middleware(TracingMiddleware)  # added last: the outermost, so its span covers everything
 
     def caller(request: Request) -> Caller:
-        if api_keys is None:
-            return ANONYMOUS
-        scheme, _, presented = request.headers.get("authorization", "").partition(" ")
-        found = api_keys.caller_of(presented.strip()) if scheme.lower() == "bearer" and presented.strip() else None
-        if found is None:
-            raise OpenAIError(401, "missing or incorrect API key: send 'Authorization: Bearer <key>'",
-                              "invalid_request_error", "invalid_api_key")
-        return found
+        return request.state.caller  # AdmissionMiddleware checked the key
 
     @app.post("/v1/chat/completions", response_model=ChatCompletion, responses=_ERRORS)
     async def chat_completions(request: Request, body: ChatCompletionRequest, caller: Caller = Depends(caller)):
+        ticket = request.state.ticket
+        ticket.reserve(body.reserved_tokens(gateway.settings.default_max_tokens))  # before any tokenising
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
-        try:
-            prompt_ids = gateway.tokenizer.encode_chat(messages)
-        except Exception as exc:  # the chat template refuses some message orders
-            raise invalid_request(f"messages cannot be rendered with the model's chat template: {exc}", "messages")
-        job = gateway.make_job(body, prompt_ids, caller, "chatcmpl")
+        job = gateway.make_job(body, await gateway.encoder.encode_chat(messages), caller, "chatcmpl")
+        ticket.use(len(job.prompt_token_ids) + job.sampling.max_tokens)
         return await unless_client_leaves(request, gateway.complete(body, job, True, request.state.span))
 
     @app.post("/v1/completions", response_model=Completion, responses=_ERRORS)
     async def completions(request: Request, body: CompletionRequest, caller: Caller = Depends(caller)):
+        ticket = request.state.ticket
+        ticket.reserve(body.reserved_tokens(gateway.settings.default_max_tokens))  # before any tokenising
         prompt = body.prompt
-        prompt_ids = gateway.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        prompt_ids = await gateway.encoder.encode(prompt) if isinstance(prompt, str) else list(prompt)
         job = gateway.make_job(body, prompt_ids, caller, "cmpl")
+        ticket.use(len(job.prompt_token_ids) + job.sampling.max_tokens)
         return await unless_client_leaves(request, gateway.complete(body, job, False, request.state.span))
 
     install_document_routes(app, gateway, caller)

@@ -23,6 +23,7 @@ import zmq
 import zmq.asyncio
 from google.protobuf.message import DecodeError
 
+from common.zmq_curve import make_client
 from proto import k25_pb2
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,8 @@ class ChunkerError(Exception):
 
 
 class ChunkerClient:
-    def __init__(self, address: str, timeout_s: float = 30.0, sndhwm: int = 5000, rcvhwm: int = 5000):
+    def __init__(self, address: str, timeout_s: float = 30.0, sndhwm: int = 5000, rcvhwm: int = 5000,
+                 curve_secret_key: bytes | None = None):
         self.address = address
         self.timeout_s = timeout_s
         self._context = zmq.asyncio.Context()
@@ -46,6 +48,8 @@ class ChunkerClient:
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.SNDHWM, sndhwm)
         self._socket.setsockopt(zmq.RCVHWM, rcvhwm)
+        if curve_secret_key:
+            make_client(self._socket, curve_secret_key)
         self._socket.connect(address)
         self._pending: dict[str, asyncio.Future] = {}
         self._reader: asyncio.Task | None = None

@@ -41,8 +41,8 @@ class SplitFields(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    passage_tokens: int | None = Field(  # ge: the chunker's MIN_PASSAGE_TOKENS
-        None, ge=16, validation_alias=AliasChoices("passage_tokens", "chunk_size"),
+    passage_tokens: int | None = Field(  # ge, le: the chunker's MIN_PASSAGE_TOKENS and MAX_PASSAGE_TOKENS
+        None, ge=16, le=1 << 20, validation_alias=AliasChoices("passage_tokens", "chunk_size"),
         description="a passage's token budget: most tokens in one passage the chunker cuts (default: the chunker's). "
         "`chunk_size` is accepted as its old name; it is not the pool's chunk_size.",
     )

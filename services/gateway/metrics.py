@@ -40,6 +40,10 @@ class GatewayMetrics:
         self.prefix_index_blocks = Gauge(
             "k25_gateway_prefix_index_blocks", "Block hashes in the cache-aware routing index", registry=self.registry
         )
+        self.tokenize_seconds = Histogram(
+            "k25_gateway_tokenize_seconds", "Time to render and tokenise one prompt, the wait for a tokenizer thread included",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, *LATENCY_BUCKETS[2:]), registry=self.registry,
+        )
         self.redis_up = Gauge("k25_gateway_redis_up", "1 when the last registry read from Redis succeeded", registry=self.registry)
         self.unroutable_engines = Gauge(
             "k25_gateway_unroutable_engines", "Engines in the registry that routing leaves out, by pool and reason "

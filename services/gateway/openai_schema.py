@@ -5,7 +5,7 @@ refused with a clear message rather than silently dropped.
 """
 
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -46,7 +46,7 @@ class SamplingFields(BaseModel):
     max_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0, description="K25 extension: sample from the k most likely tokens (0 = off)")
+    top_k: int = Field(0, ge=0, le=2**31 - 1, description="K25 extension: sample from the k most likely tokens (0 = off)")
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -105,23 +105,33 @@ class ChatCompletionRequest(SamplingFields):
         return sum(estimated_tokens(m.text()) for m in self.messages)
 
 
+NonEmptyText = Annotated[str, Field(min_length=1)]
+TokenIds = Annotated[list[int], Field(min_length=1)]
+
+
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: (NonEmptyText | TokenIds | Annotated[list[NonEmptyText], Field(min_length=1, max_length=1)]
+             | Annotated[list[TokenIds], Field(min_length=1, max_length=1)])
     max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool = False
     suffix: str | None = None
 
-    @field_validator("prompt")
+    @field_validator("prompt", mode="before")
     @classmethod
     def _one_prompt(cls, prompt):
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            if len(prompt) != 1:
-                raise ValueError("one prompt per request: batches of prompts are not supported")
-            prompt = prompt[0]
-        if not prompt:
+        """Plain messages for what the types would refuse obscurely (a batch, an empty prompt)."""
+        batch = isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list))
+        if batch and len(prompt) != 1:
+            raise ValueError("one prompt per request: batches of prompts are not supported")
+        if isinstance(prompt, (str, list)) and not (prompt[0] if batch else prompt):
             raise ValueError("prompt must not be empty")
         return prompt
+
+    @field_validator("prompt")
+    @classmethod
+    def _unbatched(cls, prompt):
+        return prompt[0] if isinstance(prompt, list) and isinstance(prompt[0], (str, list)) else prompt
 
     @field_validator("echo")
     @classmethod

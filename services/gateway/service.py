@@ -19,7 +19,8 @@ from common.tokenizer import Tokenizer
 from proto import k25_pb2
 from services.gateway.accounting import RequestAccounting, write_counts
 from services.gateway.api_keys import Caller
-from services.gateway.canary import AdapterChoice, UnknownModel, choose_adapter
+from services.gateway.admission import Admission
+from services.gateway.canary import AdapterChoice, UnknownModel, choose_adapter, placement_key
 from services.gateway.chunker_client import ChunkerClient
 from services.gateway.dispatch import Dispatcher, EngineLost, Job, demand_pool
 from services.gateway.engine_client import EngineConnections
@@ -30,7 +31,9 @@ from services.gateway.openai_schema import SamplingFields
 from services.gateway.kv_event_listener import KVEventListener
 from services.gateway.outcome import RequestOutcome
 from services.gateway.prefix_index import PrefixIndex
+from services.gateway.prompt_encoder import PromptEncoder
 from services.gateway.registry_view import RegistryView
+from services.gateway.request_id import current_request_id
 from services.gateway.responses import (
     FINISH_REASONS,
     LogprobsBuilder,
@@ -63,6 +66,8 @@ class Gateway:
         self.chunker: ChunkerClient | None = None
         self.accounting = RequestAccounting(settings.release)
         self.metrics = GatewayMetrics()
+        self.admission = Admission(settings.max_inflight, self.metrics)
+        self.encoder = PromptEncoder(tokenizer, settings.tokenizer_threads, self.metrics.tokenize_seconds)
         self.prefix_index = PrefixIndex(settings.prefix_index_max_blocks)
         self.kv_events = KVEventListener(redis_client, settings.release, self.prefix_index)
         self.inflight = 0
@@ -73,12 +78,12 @@ class Gateway:
 
     async def start(self) -> None:
         s = self.settings
-        self.connections = EngineConnections(s.zmq_sndhwm, s.zmq_rcvhwm, s.zmq_linger_ms)
+        self.connections = EngineConnections(s.zmq_sndhwm, s.zmq_rcvhwm, s.zmq_linger_ms, s.curve_secret_key)
         self.dispatcher = Dispatcher(self.connections, self.tokenizer.pad_token_id, self.engine_errors, self.metrics,
                                      s.engine_connect_timeout_s, self.prefix_index)
         if s.chunker_address:
             address = s.chunker_address if "://" in s.chunker_address else f"tcp://{s.chunker_address}"
-            self.chunker = ChunkerClient(address, timeout_s=s.chunker_timeout_s)
+            self.chunker = ChunkerClient(address, timeout_s=s.chunker_timeout_s, curve_secret_key=s.curve_secret_key)
         await self.registry.refresh()
         self.accounting.known_pools.update(self.registry.pools)
         self.kv_events.start()
@@ -94,6 +99,7 @@ class Gateway:
         await self.connections.close()
         if self.chunker is not None:
             self.chunker.close()
+        self.encoder.close()
 
     async def _refresh_loop(self) -> None:
         while True:
@@ -150,7 +156,7 @@ class Gateway:
         """The adapter version this request gets (None: the base model), or 404."""
         try:
             choice = choose_adapter(model, {self.settings.model_name, "base"}, self.registry.rollouts,
-                                    self.loaded_adapters(), user or caller.key_id or caller.tenant)
+                                    self.loaded_adapters(), placement_key(user, caller.key_id, current_request_id()))
         except UnknownModel as exc:
             raise OpenAIError(404, f"{exc}; see GET /v1/models", "invalid_request_error", "model_not_found", "model") from None
         if choice is not None and not caller.may_use(choice.name):
@@ -203,9 +209,6 @@ class Gateway:
         })
 
     def _begin(self, job: Job, chat: bool, parent_span) -> RequestOutcome:
-        if self.inflight >= self.settings.max_inflight:
-            self.metrics.rejected.labels("gateway_full").inc()
-            raise overloaded(f"the gateway has {self.inflight} requests in flight (its limit); try again shortly")
         return RequestOutcome(self, demand_pool(job, self.registry.pools.values()), time.time(), job, chat, parent_span)
 
     def _failed(self, outcome: RequestOutcome, exc: BaseException) -> None:
@@ -306,8 +309,8 @@ class Gateway:
             status = 200
         except (OpenAIError, EngineLost) as exc:
             error = exc if isinstance(exc, OpenAIError) else OpenAIError(
-                502, f"{exc}; the answer is incomplete", "server_error", "engine_lost")
-            log.warning("request %s ended with an error mid-stream: %s", job.request_id, error.message)
+                502, "the engine serving this request went away; the answer is incomplete", "server_error", "engine_lost")
+            log.warning("request %s ended with an error mid-stream: %s", job.request_id, exc)
             status = error.status
             yield sse(error.body())
         finally:

@@ -19,10 +19,13 @@ class GatewaySettings:
     max_tokens_limit: int = 8192
     max_body_bytes: int = 8 * 1024 * 1024
     max_inflight: int = 2048  # requests in flight beyond which new ones get 503 at once
+    tokenizer_threads: int = 4  # threads that render chat templates and tokenise, off the event loop
+    document_fanout: int = 8  # engine requests (one per passage) that one /v1/documents/ask runs at once
     engine_connect_timeout_s: float = 1.0
     zmq_sndhwm: int = 5000
     zmq_rcvhwm: int = 5000
     zmq_linger_ms: int = 1000
+    curve_secret_key: bytes | None = None  # the release's CURVE key, which engines and the chunker ask for
     # prefix-cache-aware routing: block hashes remembered (about 130-180 bytes each), and whether
     # tenants share cached prompts (False: each tenant's requests carry its name as cache salt)
     prefix_index_max_blocks: int = 262_144

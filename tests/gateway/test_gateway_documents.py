@@ -1,5 +1,6 @@
-"""Long-document questions: the pure map/reduce/citation functions, the request fields, then
-/v1/chunks and /v1/documents/ask through a `k25 up` stack (tiny model, real chunker)."""
+"""Long-document questions: the pure map/reduce/citation functions, the request fields, the
+bounded fan-out of the notes, then /v1/chunks and /v1/documents/ask through a `k25 up` stack
+(tiny model, real chunker), and a failed note stopping its siblings' engine requests."""
 
 import asyncio
 import json
@@ -7,17 +8,31 @@ import re
 import signal
 import subprocess
 import sys
+import urllib.request
 
 import httpx
 import pytest
 from fastapi import FastAPI
+from opentelemetry import trace
+from prometheus_client.parser import text_string_to_metric_families
 
+from common.tokenizer import load_tokenizer
+from common.zmq_curve import ENV as CURVE_ENV
+from common.zmq_curve import new_secret_key
+from services.gateway.api_keys import ANONYMOUS
 from services.gateway.document_routes import AskRequest, ChunksRequest, install_document_routes
 from services.gateway.documents import NOTHING, Passage, citations, map_messages, reduce_messages, take_notes
+from services.gateway.errors import OpenAIError, invalid_request
+from services.gateway.openai_schema import ChatCompletionRequest
+from services.gateway.service import Gateway, ReplyShape
+from services.gateway.settings import GatewaySettings
+from tests.helpers.engine_process import wait_until
 from tests.helpers.gateway_process import start_stack
 from tests.helpers.paths import CONTRACTS
+from tests.helpers.up_stack import UP_RELEASE, announced, redis_client
 
 CONTRACT = CONTRACTS / "en_master_services_agreement.txt"
+CURVE_KEY = new_secret_key()  # the stack's, so that a gateway in this process can reach its engine
 
 
 def passage(index, note="", anchor="Section 1"):
@@ -127,7 +142,8 @@ def test_openapi_says_the_field_is_a_passage_budget_not_the_pool_s_chunk_size():
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     folder = tmp_path_factory.mktemp("documents")
-    service = start_stack(str(folder / "up.log"), "--model", "tiny-random", "--log-dir", str(folder))
+    service = start_stack(str(folder / "up.log"), "--model", "tiny-random", "--log-dir", str(folder),
+                          env={CURVE_ENV: CURVE_KEY})
     yield service
     service.stop(signal.SIGINT)
 
@@ -189,3 +205,53 @@ def test_ask_errors(stack, body, status, code):
     response = httpx.post(f"{stack.url}/v1/documents/ask", json=body, timeout=60)
     assert response.status_code == status
     assert code is None or response.json()["error"]["code"] == code
+
+
+def engine_sample(metrics_url: str, name: str, **labels) -> float:
+    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == name and labels.items() <= sample.labels.items())
+
+
+@pytest.mark.slow
+def test_a_failed_note_stops_the_engine_requests_of_the_others(stack):
+    """Three notes stream from the stack's engine, each asked for thousands of tokens, when the
+    fourth fails: the engine ends all three as aborted. The gateway runs in this process and
+    shares the stack's registry; the failing note waits until the others' first tokens arrived."""
+    metrics = announced(stack, "engine-default-0")[-1]["metrics"]
+
+    def finished(reason: str) -> float:
+        return engine_sample(metrics, "k25_engine_requests_finished_total", finish_reason=reason)
+
+    aborted, lengthy = finished("abort"), finished("length")
+
+    async def ask():
+        settings = GatewaySettings(model="tiny-random", release=UP_RELEASE, curve_secret_key=CURVE_KEY.encode())
+        gateway = Gateway(settings, load_tokenizer("tiny-random"), redis_client(stack))
+        await gateway.start()
+        context = max(e.max_model_len for e in gateway.registry.engines)
+
+        def first_tokens() -> float:
+            return sum(s.value for m in gateway.metrics.ttft.collect() for s in m.samples if s.name.endswith("_count"))
+
+        async def note(messages):
+            if "Part 4 " in messages[1]["content"]:
+                while first_tokens() < 3:
+                    await asyncio.sleep(0.005)
+                raise invalid_request("note 4 failed")
+            prompt_ids = await gateway.encoder.encode_chat(messages)
+            max_tokens = min(gateway.settings.max_tokens_limit, context - len(prompt_ids))
+            request = ChatCompletionRequest(model="tiny-random", messages=messages, temperature=0, max_tokens=max_tokens)
+            job = gateway.make_job(request, prompt_ids, ANONYMOUS, "doc")
+            job.sampling.ignore_eos = True  # all its tokens: far longer than the test waits
+            return (await gateway.generate(job, ReplyShape(True), trace.INVALID_SPAN)).text
+
+        try:
+            with pytest.raises(OpenAIError, match="note 4 failed"):
+                await take_notes("Who may terminate?", [passage(i) for i in range(1, 5)], note, concurrency=4)
+        finally:
+            await gateway.stop()
+
+    asyncio.run(ask())
+    wait_until(lambda: finished("abort") == aborted + 3, 60, what="three requests aborted on the engine")
+    assert engine_sample(metrics, "k25_engine_running_requests") == 0 and finished("length") == lengthy

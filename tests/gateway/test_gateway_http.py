@@ -83,6 +83,7 @@ def test_no_engine_is_503_with_retry_after(client):
     ({**CHAT, "n": 3}, "n"),
     ({**CHAT, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({**CHAT, "presence_penalty": 0.5}, "presence_penalty"),
+    ({**CHAT, "top_k": 2**31}, "top_k"),  # beyond the wire's int32 (found by the fuzz test: it was a 500)
 ])
 def test_bad_chat_requests_get_400_naming_the_field(client, body, param):
     assert_openai_error(client.post("/v1/chat/completions", json=body, headers=AUTH), 400, param=param)
@@ -92,6 +93,22 @@ def test_bad_chat_requests_get_400_naming_the_field(client, body, param):
 def test_bad_prompts_get_400(client, prompt):
     body = {"model": "tiny-random", "prompt": prompt}
     assert_openai_error(client.post("/v1/completions", json=body, headers=AUTH), 400)
+
+
+@pytest.mark.parametrize("prompt", [["a", "b"], [[1], [2]]])
+def test_batches_of_prompts_get_400_saying_so(client, prompt):
+    response = client.post("/v1/completions", json={"model": "tiny-random", "prompt": prompt}, headers=AUTH)
+    error = assert_openai_error(response, 400)
+    assert "one prompt per request" in error["message"]
+
+
+ASK = {"model": "tiny-random", "document": "Article 1.", "question": "q"}
+
+
+@pytest.mark.parametrize("path, extra", [("/v1/chunks", {"text": "Article 1."}), ("/v1/documents/ask", ASK)])
+def test_a_passage_budget_beyond_the_chunker_s_is_400(client, path, extra):
+    """Found by the fuzz test: one beyond the wire's uint32 failed building the chunker's request (a 500)."""
+    assert_openai_error(client.post(path, json={**extra, "passage_tokens": 2**33}, headers=AUTH), 400, param="passage_tokens")
 
 
 def test_unknown_model_is_404(client):

@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from common.tokenizer import load_tokenizer
+from k25.cli import build_parser
 from services.gateway.admission import Admission
 from services.gateway.api_keys import ApiKeysFile, hash_key
 from services.gateway.app import create_app
@@ -246,3 +247,20 @@ def test_a_revoked_key_stops_working_and_new_limits_apply_without_a_restart(serv
     assert response.status_code == 429 and response.json()["error"]["type"] == "tokens"
     publish(folder, keys_document(LIMITS))  # put back what the other tests expect
     wait_until(lambda: client.get("/v1/models", headers=as_tenant("globex")).status_code == 200, what="the key restored")
+
+
+# --- the command line ---------------------------------------------------------------------------
+
+
+def test_admission_flags_default_and_refuse_what_cannot_work(capsys, tmp_path):
+    args = build_parser().parse_args(["gateway"])
+    assert (args.max_inflight, args.tokenizer_threads, args.document_fanout) == (2048, 4, 8)
+    for flag in ("--max-inflight", "--tokenizer-threads", "--document-fanout"):
+        args = build_parser().parse_args(["gateway", flag, "0"])
+        assert args.handler(args) == 2
+        assert capsys.readouterr().err.strip() == f"k25 gateway: {flag} must be at least 1"
+    path = tmp_path / "keys.json"
+    path.write_text(json.dumps({**keys_document({}), "tenants": {"acme": {"tokens_per_minute": -5}}}))
+    args = build_parser().parse_args(["gateway", "--model", "tiny-random", "--api-keys-file", str(path)])
+    assert args.handler(args) == 2
+    assert "tenants.acme.tokens_per_minute must be a positive integer" in capsys.readouterr().err
