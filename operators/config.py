@@ -10,6 +10,9 @@ RELEASE_LABEL = "k25.io/release"
 # the key of the Redis Secret that holds the URL (with its password) which every k25 process reads
 # as K25_REDIS_URL; the Helm chart makes that Secret
 REDIS_URL_KEY = "redis-url"
+# the key of the transport Secret that holds the release's CURVE key (common/zmq_curve.py), which the
+# gateway, the chunker and the engines read as K25_CURVE_SECRET_KEY; the Helm chart makes that Secret
+CURVE_SECRET_KEY_KEY = "curve-secret-key"
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,9 @@ class OperatorConfig:
     # the Secret (key REDIS_URL_KEY) that the engines read their Redis URL from; None: the engines
     # get redis_url as a plain value, which is refused when the URL carries a password
     redis_secret: str | None = None
+    # the Secret (key CURVE_SECRET_KEY_KEY) that the engines read their CURVE key from; None: CURVE
+    # off, the engines admit any peer
+    curve_secret: str | None = None
     interval_s: float = 5.0  # between autoscaling decisions
     qps_window_s: int = 10  # QPS is the mean over this many complete seconds
     foreign_recheck_s: float = 30.0  # how often to look whether a foreign Deployment has gone

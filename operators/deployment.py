@@ -16,7 +16,8 @@ has stalled, and the kubelet restarts the engine after three such answers in a r
 import os
 from collections.abc import Mapping
 
-from operators.config import REDIS_URL_KEY, OperatorConfig
+from common.zmq_curve import ENV as CURVE_ENV
+from operators.config import CURVE_SECRET_KEY_KEY, REDIS_URL_KEY, OperatorConfig
 from operators.pool_spec import MODELS_MOUNT, SCRATCH_MOUNT, EnginePoolSpec
 
 POOL_LABEL = "k25.io/pool"
@@ -115,7 +116,8 @@ def _claim_volume(name: str, claim: str) -> dict:
 
 def engine_env(config: OperatorConfig, operator_env: Mapping[str, str]) -> list[dict]:
     """The Redis URL comes from the release's Secret when the operator names one (the URL may
-    carry a password), else as the operator's own URL, which then carries none."""
+    carry a password), else as the operator's own URL, which then carries none. The CURVE key
+    comes from the release's transport Secret when the operator names one; else there is none."""
     if config.redis_secret is None:
         redis_url = {"name": "K25_REDIS_URL", "value": config.redis_url}
     else:
@@ -123,6 +125,9 @@ def engine_env(config: OperatorConfig, operator_env: Mapping[str, str]) -> list[
                      "valueFrom": {"secretKeyRef": {"name": config.redis_secret, "key": REDIS_URL_KEY}}}
     env = [{"name": "K25_RELEASE", "value": config.release},
            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}, redis_url]
+    if config.curve_secret is not None:
+        env.append({"name": CURVE_ENV,
+                    "valueFrom": {"secretKeyRef": {"name": config.curve_secret, "key": CURVE_SECRET_KEY_KEY}}})
     return env + [{"name": name, "value": operator_env[name]} for name in TRACING_ENV if operator_env.get(name)]
 
 

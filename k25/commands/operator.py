@@ -18,6 +18,10 @@ def register(subparsers) -> None:
                         help="the Secret, in each pool's namespace, whose key redis-url the engines read as "
                              "K25_REDIS_URL (default: $K25_REDIS_SECRET); without one they get --redis-url as a "
                              "plain value, which must then carry no password")
+    parser.add_argument("--curve-secret", default=os.environ.get("K25_CURVE_SECRET") or None,
+                        help="the Secret, in each pool's namespace, whose key curve-secret-key the engines read as "
+                             "K25_CURVE_SECRET_KEY: they then admit only gateways that hold that CURVE key (default: "
+                             "$K25_CURVE_SECRET); without one the engines run plain ZMQ and admit any peer")
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between autoscaling decisions")
     parser.add_argument("--priority", type=int, default=None,
                         help="peering priority; the highest live operator of the release works, the others stand by "
@@ -36,7 +40,7 @@ def run(args) -> int:
         raise SystemExit("k25 operator: --interval must be positive")
     try:
         config = OperatorConfig(release=args.release, redis_url=args.redis_url, redis_secret=args.redis_secret,
-                                interval_s=args.interval)
+                                curve_secret=args.curve_secret, interval_s=args.interval)
     except ValueError as error:
         raise SystemExit(f"k25 operator: {error}") from error
     run_operator(config, namespaces=args.namespace, priority=args.priority, standalone=args.standalone)

@@ -114,7 +114,7 @@ def test_an_external_redis_reaches_every_component_and_the_engines():
     objects = rendered(ci("external-redis"))
     url = "redis://redis-master.data.svc.cluster.local:6379/2"
     assert not of_kind(objects, "StatefulSet")
-    [secret] = of_kind(objects, "Secret")
+    secret = named(objects, "Secret", "k25-redis")
     assert base64.b64decode(secret["data"]["redis-url"]).decode() == url and "redis-password" not in secret["data"]
     reads = {"name": "K25_REDIS_URL", "valueFrom": {"secretKeyRef": {"name": secret["metadata"]["name"], "key": "redis-url"}}}
     for c in [container(objects, "Deployment", name) for name in ("k25-gateway", "k25-operator")] + [
@@ -180,7 +180,8 @@ def test_api_key_entries_become_a_secret_the_gateway_can_load(tmp_path):
 def test_without_keys_the_gateway_gets_no_keys_file():
     objects = rendered(None)
     assert "--api-keys-file" not in container(objects, "Deployment", "k25-gateway")["args"]
-    assert [s["metadata"]["name"] for s in of_kind(objects, "Secret")] == ["k25-redis"]  # the Redis credentials only
+    # the Redis credentials and the CURVE key only
+    assert [s["metadata"]["name"] for s in of_kind(objects, "Secret")] == ["k25-redis", "k25-transport"]
 
 
 # --- pools, the operator's pods, and what selects them -----------------------------------------

@@ -1,6 +1,7 @@
 """The real `helm` (fetched by `make helm` into .cache/helm/) run on charts/k25: lint,
 template and install --dry-run=client, each value set rendered once per test session."""
 
+import base64
 import functools
 import os
 import pathlib
@@ -82,6 +83,12 @@ def named(objects, kind: str, name: str) -> dict:
     return found
 
 
+def secret_values(objects) -> dict[str, dict[str, str]]:
+    """Every rendered Secret's data, decoded: {name: {key: value}}."""
+    return {s["metadata"]["name"]: {k: base64.b64decode(v).decode() for k, v in s.get("data", {}).items()}
+            for s in of_kind(objects, "Secret")}
+
+
 def operator_env(objects) -> dict[str, str]:
     """The environment the chart gives the operator's pod (its plain values)."""
     [operator] = [o for o in of_kind(objects, "Deployment") if o["metadata"]["name"].endswith("-operator")]
@@ -95,7 +102,8 @@ def chart_operator_config(objects) -> OperatorConfig:
     args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
     with mock.patch.dict(os.environ, operator_env(objects), clear=True):
         parsed = build_parser().parse_args(args[1:])
-    return OperatorConfig(release=parsed.release, redis_url=parsed.redis_url, redis_secret=parsed.redis_secret)
+    return OperatorConfig(release=parsed.release, redis_url=parsed.redis_url, redis_secret=parsed.redis_secret,
+                          curve_secret=parsed.curve_secret)
 
 
 def engine_deployments(objects) -> list[dict]:

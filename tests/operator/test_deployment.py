@@ -73,6 +73,14 @@ def test_the_redis_url_and_its_password_come_from_the_releases_secret_never_in_t
     assert {"name": "K25_REDIS_URL", "value": "redis://redis:6379/0"} in engine_container(config=plain)["env"]
 
 
+def test_the_curve_key_comes_from_the_releases_transport_secret_and_without_one_there_is_none():
+    with_curve = OperatorConfig(release="prod", redis_url="redis://redis:6379/0", curve_secret="prod-k25-transport")
+    assert {"name": "K25_CURVE_SECRET_KEY",
+            "valueFrom": {"secretKeyRef": {"name": "prod-k25-transport", "key": "curve-secret-key"}}} \
+        in engine_container(config=with_curve)["env"]
+    assert "K25_CURVE_SECRET_KEY" not in {e["name"] for e in engine_container()["env"]}  # CURVE off
+
+
 def test_the_grace_period_is_the_drain_timeout_plus_a_margin_and_there_is_no_pre_stop_hook():
     for drain, grace in ((None, 40), (0, 15), (120, 135)):
         spec = {} if drain is None else {"drainTimeoutSeconds": drain}

@@ -41,6 +41,15 @@ def test_the_secret_and_the_url_default_to_the_environment_the_chart_gives(monke
         "redis://:s3cret@prod-k25-redis:6379/0", "prod-k25-redis", ["serving"])
 
 
+def test_the_curve_secret_defaults_to_the_environment_and_without_one_curve_is_off(monkeypatch):
+    monkeypatch.setenv("K25_CURVE_SECRET", "prod-k25-transport")
+    assert build_parser().parse_args(["operator"]).curve_secret == "prod-k25-transport"
+    assert build_parser().parse_args(["operator", "--curve-secret", "mine"]).curve_secret == "mine"
+    monkeypatch.setenv("K25_CURVE_SECRET", "")
+    assert build_parser().parse_args(["operator"]).curve_secret is None
+    assert OperatorConfig().curve_secret is None
+
+
 def test_each_release_has_its_own_peering_and_a_namespaced_operator_needs_no_cluster_wide_watch():
     assert peering_name("blue") != peering_name("green")
     cluster_wide = operator_scope(OperatorConfig(release="blue"), [], None, standalone=False)

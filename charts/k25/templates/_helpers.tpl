@@ -64,6 +64,23 @@ Redis, whose key redis-password is its requirepass): one of yours, or the chart'
       key: redis-url
 {{- end -}}
 
+{{/* The Secret whose key curve-secret-key is the release's CURVE key: one of yours, or the chart's. */}}
+{{- define "k25.transportSecret" -}}
+{{- .Values.transport.curve.existingSecret | default (printf "%s-transport" (include "k25.fullname" .)) -}}
+{{- end -}}
+
+{{/* The CURVE key as K25_CURVE_SECRET_KEY, which the gateway presents and engines and the
+chunker ask for; nothing when CURVE is off. */}}
+{{- define "k25.curveEnv" -}}
+{{- if .Values.transport.curve.enabled -}}
+- name: K25_CURVE_SECRET_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "k25.transportSecret" . }}
+      key: curve-secret-key
+{{- end -}}
+{{- end -}}
+
 {{/* The operator's rules on namespaced resources (k8s/rbac/operator.yaml): in a ClusterRole
 with peering "clusterkopfpeerings", or in a Role of the release's namespace with "kopfpeerings";
 (dict "root" $ "peerings" "kopfpeerings") */}}
@@ -232,6 +249,9 @@ imagePullSecrets:
 {{- fail (printf "model %s is a path on the models volume, but models.persistence.enabled is false; turn it on or name a model the image carries (smollm2-135m, tiny-random)" .Values.model) -}}
 {{- end -}}
 {{- include "k25.validateRedis" .Values.redis -}}
+{{- if and .Values.transport.curve.existingSecret (not .Values.transport.curve.enabled) -}}
+{{- fail "transport.curve.existingSecret names the CURVE key's Secret, but transport.curve.enabled is false; turn CURVE on or leave existingSecret empty" -}}
+{{- end -}}
 {{- if gt (int .Values.gateway.autoscaling.minReplicas) (int .Values.gateway.autoscaling.maxReplicas) -}}
 {{- fail (printf "gateway.autoscaling: minReplicas (%v) must not exceed maxReplicas (%v)" .Values.gateway.autoscaling.minReplicas .Values.gateway.autoscaling.maxReplicas) -}}
 {{- end -}}
