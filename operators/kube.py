@@ -37,7 +37,12 @@ class KubeApi:
         return _json(self.apps.create_namespaced_deployment(namespace, body, _preload_content=False))
 
     def patch_deployment(self, namespace: str, name: str, patch: dict) -> dict:
-        return _json(self.apps.patch_namespaced_deployment(name, namespace, patch, _preload_content=False))
+        """A JSON merge patch: the lists in it (containers, env, volumes) replace the stored ones
+        whole, so what the operator no longer builds goes away. The client's default, a strategic
+        merge, merges those lists by name and would keep an env entry the operator dropped, such
+        as the CURVE key of a release that turned CURVE off."""
+        return _json(self.apps.patch_namespaced_deployment(name, namespace, patch, _preload_content=False,
+                                                           _content_type="application/merge-patch+json"))
 
     def delete_deployment(self, namespace: str, name: str) -> bool:
         """False when it was already gone."""

@@ -244,6 +244,28 @@ async def test_requests_waiting_in_ready_engines_add_pods(cluster, operator, red
         await wait_for(lambda: replicas(cluster, "busy") > 5, "the Deployment has it")
 
 
+async def test_what_the_operator_stops_building_leaves_the_engines_pod_spec(cluster, redis_server):
+    """An upgrade that turns CURVE off restarts the operator without the transport Secret: the
+    engines it resumes must lose the key's env entry (a strategic merge would keep it by name,
+    and the pods would then wait for a Secret the chart deleted)."""
+    def engine_env() -> list[str]:
+        deployment = stored(cluster, DEPLOYMENTS, "h100-engine") or {}
+        containers = deployment.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [{}])
+        return [entry["name"] for entry in containers[0].get("env", [])]
+
+    async with running_operator(cluster, operator_config(redis_server, curve_secret="k25-transport")):
+        await create_pool(cluster, "h100", H100)
+        await wait_for(lambda: "K25_CURVE_SECRET_KEY" in engine_env(), "the engines get the key")
+    async with running_operator(cluster, operator_config(redis_server)):
+        await wait_for(lambda: engine_env() and "K25_CURVE_SECRET_KEY" not in engine_env(), "the key's entry goes")
+    assert {"K25_RELEASE", "POD_IP", "K25_REDIS_URL"} <= set(engine_env())
+    # the emulator replaces lists whatever the patch type; a real API server merges them by
+    # name under the client's default strategic merge, so the patch type is the point
+    patches = [r for r in cluster if r.method == "PATCH" and r.resource and r.resource.plural == "deployments"
+               and not r.subresource]
+    assert patches and {r.headers.get("Content-Type") for r in patches} == {"application/merge-patch+json"}
+
+
 async def test_deleting_the_pool_deletes_its_deployment(cluster, operator):
     await create_pool(cluster, "h100", H100)
     await wait_for(lambda: stored(cluster, DEPLOYMENTS, "h100-engine"), "the Deployment appears")
