@@ -16,7 +16,7 @@ from common.tokenizer import load_tokenizer
 from services.gateway.app import create_app
 from services.gateway.service import Gateway
 from services.gateway.settings import GatewaySettings
-from tests.chunker.test_chunker_service import start_chunker
+from tests.helpers.chunker_process import start_chunker
 from tests.helpers.engine_process import start_engine
 from tests.helpers.gateway_process import http_json, start_gateway
 from tests.helpers.redis_server import module_redis_url  # noqa: F401  (fixture)
