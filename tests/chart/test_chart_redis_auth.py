@@ -16,6 +16,7 @@ from tests.helpers.helm_chart import (
     of_kind,
     operator_env,
     rendered,
+    process_containers,
     rendered_with,
     secret_values,
     value_set_id,
@@ -29,9 +30,7 @@ READERS = ("k25-gateway", "k25-operator")
 
 def redis_readers(objects) -> dict[str, dict]:
     """The containers of every k25 process that talks to Redis, the engines the operator builds included."""
-    chart = {name: named(objects, "Deployment", name)["spec"]["template"]["spec"]["containers"][0] for name in READERS}
-    return chart | {d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0]
-                    for d in engine_deployments(objects)}
+    return process_containers(objects, READERS)
 
 
 def url_source(container: dict) -> dict | None:

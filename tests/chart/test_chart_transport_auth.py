@@ -9,11 +9,11 @@ from common.zmq_curve import ENV, KEY_CHARS, checked_secret_key
 from tests.helpers.helm_chart import (
     VALUE_SETS,
     engine_deployments,
-    named,
     of_kind,
     operator_env,
     render_error,
     rendered,
+    process_containers,
     rendered_with,
     secret_values,
     value_set_id,
@@ -26,9 +26,7 @@ ZMQ_PARTS = ("k25-gateway", "k25-chunker")
 
 def zmq_containers(objects) -> dict[str, dict]:
     """The containers of the gateway, the chunker and the engines the operator builds."""
-    chart = {name: named(objects, "Deployment", name)["spec"]["template"]["spec"]["containers"][0] for name in ZMQ_PARTS}
-    return chart | {d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0]
-                    for d in engine_deployments(objects)}
+    return process_containers(objects, ZMQ_PARTS)
 
 
 def key_source(container: dict) -> dict | None:

@@ -115,3 +115,10 @@ def engine_deployments(objects) -> list[dict]:
         spec = parse_pool_spec(pool["spec"])
         deployments.append(build_deployment(pool, spec, spec.initial_replicas(), config, operator_env(objects)))
     return deployments
+
+
+def process_containers(objects, deployments: tuple[str, ...]) -> dict[str, dict]:
+    """The main container of each named chart Deployment and of every engine Deployment the operator builds."""
+    chart = {name: named(objects, "Deployment", name)["spec"]["template"]["spec"]["containers"][0] for name in deployments}
+    return chart | {d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0]
+                    for d in engine_deployments(objects)}
