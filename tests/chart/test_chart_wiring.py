@@ -16,6 +16,7 @@ from k25.cli import build_parser
 from operators.deployment import models_claim_name
 from operators.runtime import peering_name
 from services.gateway.api_keys import ApiKeys
+from services.gateway.tenant_limits import TenantLimits
 from services.gateway.metrics import GatewayMetrics
 from tests.helpers.helm_chart import (
     CHART,
@@ -160,7 +161,7 @@ def test_a_components_own_image_wins():
 
 # --- API keys ------------------------------------------------------------------------------
 
-def test_api_key_entries_become_a_secret_the_gateway_can_load(tmp_path):
+def test_api_key_entries_and_tenant_limits_become_a_secret_the_gateway_can_load(tmp_path):
     objects = rendered(ci("ingress"))
     gateway = named(objects, "Deployment", "k25-gateway")["spec"]["template"]["spec"]
     args = gateway["containers"][0]["args"]
@@ -174,6 +175,8 @@ def test_api_key_entries_become_a_secret_the_gateway_can_load(tmp_path):
     assert keys.caller_of("k25-test-key-acme").tenant == "acme"
     assert keys.caller_of("k25-test-key-globex").tenant == "globex"
     assert keys.caller_of("k25-test-key-nobody") is None
+    assert keys.limits_of("acme") == TenantLimits(max_concurrent_requests=8, tokens_per_minute=200000)
+    assert keys.limits_of("globex") is None
     assert hashlib.sha256(b"k25-test-key-acme").hexdigest() in secret["stringData"]["keys.json"]
 
 
