@@ -17,8 +17,6 @@ from opentelemetry import trace
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.tokenizer import load_tokenizer
-from common.zmq_curve import ENV as CURVE_ENV
-from common.zmq_curve import new_secret_key
 from services.gateway.api_keys import ANONYMOUS
 from services.gateway.document_routes import AskRequest, ChunksRequest, install_document_routes
 from services.gateway.documents import NOTHING, Passage, citations, map_messages, reduce_messages, take_notes
@@ -26,13 +24,12 @@ from services.gateway.errors import OpenAIError, invalid_request
 from services.gateway.openai_schema import ChatCompletionRequest
 from services.gateway.service import Gateway, ReplyShape
 from services.gateway.settings import GatewaySettings
-from tests.helpers.engine_process import wait_until
+from tests.helpers.engine_process import STACK_CURVE_ENV, STACK_CURVE_KEY, wait_until
 from tests.helpers.gateway_process import start_stack
 from tests.helpers.paths import CONTRACTS
 from tests.helpers.up_stack import UP_RELEASE, announced, redis_client
 
 CONTRACT = CONTRACTS / "en_master_services_agreement.txt"
-CURVE_KEY = new_secret_key()  # the stack's, so that a gateway in this process can reach its engine
 
 
 def passage(index, note="", anchor="Section 1"):
@@ -143,7 +140,7 @@ def test_openapi_says_the_field_is_a_passage_budget_not_the_pool_s_chunk_size():
 def stack(tmp_path_factory):
     folder = tmp_path_factory.mktemp("documents")
     service = start_stack(str(folder / "up.log"), "--model", "tiny-random", "--log-dir", str(folder),
-                          env={CURVE_ENV: CURVE_KEY})
+                          env=STACK_CURVE_ENV)  # so that a gateway in this process can reach its engine
     yield service
     service.stop(signal.SIGINT)
 
@@ -226,7 +223,7 @@ def test_a_failed_note_stops_the_engine_requests_of_the_others(stack):
     aborted, lengthy = finished("abort"), finished("length")
 
     async def ask():
-        settings = GatewaySettings(model="tiny-random", release=UP_RELEASE, curve_secret_key=CURVE_KEY.encode())
+        settings = GatewaySettings(model="tiny-random", release=UP_RELEASE, curve_secret_key=STACK_CURVE_KEY.encode())
         gateway = Gateway(settings, load_tokenizer("tiny-random"), redis_client(stack))
         await gateway.start()
         context = max(e.max_model_len for e in gateway.registry.engines)

@@ -10,7 +10,15 @@ import redis
 from common.redis_keys import live_engines
 from common.tokenizer import load_tokenizer
 from proto import k25_pb2
-from tests.helpers.engine_process import RELEASE, dealer, generate_message, receive_until_done, send
+from tests.helpers.engine_process import (
+    RELEASE,
+    STACK_CURVE_ENV,
+    STACK_CURVE_KEY,
+    dealer,
+    generate_message,
+    receive_until_done,
+    send,
+)
 from tests.helpers.gateway_process import http_json, start_stack
 from tests.helpers.redis_server import module_redis_url  # noqa: F401  (fixture)
 
@@ -21,7 +29,8 @@ pytestmark = pytest.mark.slow
 def stack(tmp_path_factory, module_redis_url):  # noqa: F811
     folder = tmp_path_factory.mktemp("pools")
     service = start_stack(str(folder / "up.log"), "--model", "tiny-random", "--pool", "short=64", "--pool", "long=256",
-                          "--redis-url", module_redis_url, "--release", RELEASE, "--log-dir", str(folder))
+                          "--redis-url", module_redis_url, "--release", RELEASE, "--log-dir", str(folder),
+                          env=STACK_CURVE_ENV)
     yield service
     service.stop(signal.SIGINT)
 
@@ -71,7 +80,7 @@ def test_routing_by_prompt_length(stack, db):
 
 
 def test_a_prompt_padded_for_the_other_pool_is_refused(engines):
-    socket = dealer(f"tcp://{engines['long']['address']}")
+    socket = dealer(f"tcp://{engines['long']['address']}", STACK_CURVE_KEY)
     message = generate_message([5, 6, 7], chunk_size=64, max_tokens=2)  # 64 is not a multiple of 256
     send(socket, message)
     [error] = receive_until_done(socket, message.generate.request_id)
@@ -83,7 +92,7 @@ def test_pads_never_change_the_output(stack, engines, tokenizer):
     prompt = list(range(2000, 2030))
     outputs = {}
     for pool, entry in engines.items():
-        socket = dealer(f"tcp://{entry['address']}")
+        socket = dealer(f"tcp://{entry['address']}", STACK_CURVE_KEY)
         message = generate_message(prompt, chunk_size=entry["chunk_size"], pad_token_id=2, max_tokens=12, ignore_eos=True)
         send(socket, message)
         messages = receive_until_done(socket, message.generate.request_id)

@@ -14,6 +14,8 @@ import pytest
 
 from tests.helpers.engine_process import (
     RELEASE,
+    STACK_CURVE_ENV,
+    STACK_CURVE_KEY,
     dealer,
     generate_message,
     receive_until_done,
@@ -34,7 +36,8 @@ CHUNK = 256  # k25 up's default chunk_size
 def stack(tmp_path_factory, module_redis_url):  # noqa: F811
     folder = tmp_path_factory.mktemp("prefix-routing")
     service = start_stack(str(folder / "up.log"), "--model", "tiny-random", "--engines", "2",
-                          "--redis-url", module_redis_url, "--release", RELEASE, "--log-dir", str(folder))
+                          "--redis-url", module_redis_url, "--release", RELEASE, "--log-dir", str(folder),
+                          env=STACK_CURVE_ENV)  # the third engine below joins it with the same key
     yield service
     service.stop(signal.SIGINT)
 
@@ -74,11 +77,12 @@ def test_an_engine_that_restarts_loses_its_entries(stack, module_redis_url, tmp_
     doc = document(2)
     doc_blocks = len(doc) // BLOCK
     assert index_blocks(stack) == 0
-    outside = start_engine(module_redis_url, str(tmp_path / "e-out.log"), "--model", "tiny-random", engine_id="e-out")
+    outside = start_engine(module_redis_url, str(tmp_path / "e-out.log"), "--model", "tiny-random", engine_id="e-out",
+                           env=STACK_CURVE_ENV)
     try:
         # the document computed on a third engine for a caller that is not the gateway: the
         # gateway hears of it only through that engine's KV events
-        socket = dealer(outside.address)
+        socket = dealer(outside.address, STACK_CURVE_KEY)
         message = generate_message(doc + [1, 2, 3], CHUNK, max_tokens=2, ignore_eos=True)
         message.generate.cache_salt = "default"  # the gateway's salt for callers without an API key
         send(socket, message)
@@ -91,7 +95,8 @@ def test_an_engine_that_restarts_loses_its_entries(stack, module_redis_url, tmp_
         outside.stop()
         # the gateway drops an engine's entries in the same turn as it reads the registry without it
         wait_until(lambda: http_json(f"{stack.url}/readyz")[2]["engines"] == 2, what="the gateway saw the engine leave")
-        outside = start_engine(module_redis_url, str(tmp_path / "e-out-2.log"), "--model", "tiny-random", engine_id="e-out")
+        outside = start_engine(module_redis_url, str(tmp_path / "e-out-2.log"), "--model", "tiny-random",
+                               engine_id="e-out", env=STACK_CURVE_ENV)
         for question in range(3):  # whichever engines they go to, none holds the document now
             assert cached(ask(stack, doc + [60 + question, 61])) in (0, doc_blocks * BLOCK)
         assert routing_counts(stack).get("miss", 0) == misses, "a request went to the restarted engine for blocks it lost"

@@ -17,11 +17,18 @@ import zmq
 
 from common.padding import pad_to_chunk_size
 from common.redis_keys import live_engines
+from common.zmq_curve import ENV as CURVE_ENV
+from common.zmq_curve import make_client, new_secret_key
 from proto import k25_pb2
 from tests.helpers.redis_server import free_port
 
 K25 = [sys.executable, "-m", "k25.cli"]
 RELEASE = "test"
+
+# the CURVE key of the stacks and engines that tests also reach with raw DEALERs
+# (start_stack(env=STACK_CURVE_ENV), start_engine(env=STACK_CURVE_ENV), dealer(address, STACK_CURVE_KEY))
+STACK_CURVE_KEY = new_secret_key()
+STACK_CURVE_ENV = {CURVE_ENV: STACK_CURVE_KEY}
 
 
 @dataclass
@@ -65,10 +72,12 @@ def stop_process(process: subprocess.Popen, sig: int, timeout_s: float) -> int:
         raise
 
 
-def start_engine(redis_url: str, log_path: str, *flags: str, engine_id: str = "e1", timeout_s: float = 120) -> EngineProcess:
+def start_engine(redis_url: str, log_path: str, *flags: str, engine_id: str = "e1", timeout_s: float = 120,
+                 env: dict | None = None) -> EngineProcess:
     """Start `k25 engine` and return once its heartbeat is in Redis (it serves by then).
     It computes in float32 unless `flags` set --dtype: tests compare its tokens with those of
-    an in-process engine, whose EngineConfig defaults to float32."""
+    an in-process engine, whose EngineConfig defaults to float32. `env` is added to its
+    environment (e.g. the CURVE key of a stack it joins)."""
     if "--dtype" not in flags:
         flags = ("--dtype", "float32", *flags)
     zmq_port, metrics_port = free_port(), free_port()
@@ -80,7 +89,7 @@ def start_engine(redis_url: str, log_path: str, *flags: str, engine_id: str = "e
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
-        env=os.environ | {"PYTHONWARNINGS": "ignore"},
+        env=os.environ | {"PYTHONWARNINGS": "ignore"} | (env or {}),
     )
     log.close()
     handle = EngineProcess(process, engine_id, zmq_port, metrics_port, redis.Redis.from_url(redis_url), log_path)
@@ -93,10 +102,13 @@ def start_engine(redis_url: str, log_path: str, *flags: str, engine_id: str = "e
     return handle
 
 
-def dealer(address: str) -> zmq.Socket:
+def dealer(address: str, curve_secret_key: str | None = None) -> zmq.Socket:
+    """A DEALER connected to an engine; with the key of an engine that asks for one (CURVE)."""
     socket = zmq.Context.instance().socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
     socket.setsockopt(zmq.SNDTIMEO, 10_000)
+    if curve_secret_key:
+        make_client(socket, curve_secret_key.encode())
     socket.connect(address)
     return socket
 
