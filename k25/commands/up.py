@@ -1,8 +1,9 @@
 """`k25 up`: the whole stack as local processes on this machine.
 
 A Redis (its own redis-server on a free port unless --redis-url is given), engine
-processes for each pool (listening on 127.0.0.1 only), the chunker, and the gateway on
---host/--port. It prints where each part listens. Once the stack is ready, a part that
+processes for each pool and the chunker (listening on 127.0.0.1 only, and admitting only
+holders of the run's CURVE key: $K25_CURVE_SECRET_KEY, or one made for the run), and the
+gateway on --host/--port. It prints where each part listens. Once the stack is ready, a part that
 exits is started again on the same ports, after a delay that doubles while it keeps
 failing (1 s up to 30 s), as a kubelet restarts a container; a part that exits while the
 stack starts stops it. Ctrl-C or SIGTERM stops everything in order: the engines first
