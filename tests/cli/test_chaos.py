@@ -24,8 +24,8 @@ import openai
 import pytest
 
 from tests.helpers.engine_process import wait_until
-from tests.helpers.gateway_process import http_json, start_stack
-from tests.helpers.up_stack import incarnation, part_pid, redis_client
+from tests.helpers.gateway_process import http_json
+from tests.helpers.up_stack import incarnation, part_pid, redis_client, two_engine_stack
 
 pytestmark = pytest.mark.slow
 
@@ -102,10 +102,7 @@ class Load:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("chaos")
-    service = start_stack(str(folder / "up.log"), "--model", "tiny-random", "--engines", "2", "--log-dir", str(folder))
-    yield service
-    service.stop(signal.SIGINT)
+    yield from two_engine_stack(tmp_path_factory, "chaos")
 
 
 def whole(stack) -> bool:

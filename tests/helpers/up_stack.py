@@ -2,11 +2,12 @@
 it printed about its engines."""
 
 import re
+import signal
 
 import redis
 
 from common.redis_keys import live_engines
-from tests.helpers.gateway_process import ServiceProcess, children_of
+from tests.helpers.gateway_process import ServiceProcess, children_of, start_stack
 
 UP_RELEASE = "k25"  # `k25 up`'s default --release
 
@@ -53,3 +54,11 @@ def alive(pid: int) -> bool:
 
 def process_group(pid: int) -> int:
     return int(_stat_fields(pid)[2])
+
+
+def two_engine_stack(tmp_path_factory, name: str):
+    """A module fixture's body: `k25 up --model tiny-random --engines 2`, stopped with Ctrl-C after."""
+    folder = tmp_path_factory.mktemp(name)
+    service = start_stack(str(folder / "up.log"), "--model", "tiny-random", "--engines", "2", "--log-dir", str(folder))
+    yield service
+    service.stop(signal.SIGINT)

@@ -69,6 +69,18 @@ async def add_ready_pod(cluster, pool: str, name: str, startup_s: int) -> None:
 
 
 @contextlib.asynccontextmanager
+async def in_background(work):
+    """`work` (a coroutine that runs until cancelled) runs while the block does."""
+    task = asyncio.create_task(work)
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+@contextlib.asynccontextmanager
 async def pods_become_ready(cluster, deployment: str):
     """Stand-in for the Deployment controller: every requested pod is ready at once."""
 
@@ -82,13 +94,8 @@ async def pods_become_ready(cluster, deployment: str):
                                         json={"status": {"replicas": wanted, "readyReplicas": wanted}})
             await asyncio.sleep(0.05)
 
-    task = asyncio.create_task(mark_ready())
-    try:
+    async with in_background(mark_ready()):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def test_a_pool_gets_an_engine_deployment_for_its_gpu_nodes(cluster, operator):
@@ -206,13 +213,8 @@ async def gateway_demand(redis_url: str, release: str, pool: str):
         finally:
             client.close()
 
-    task = asyncio.create_task(count())
-    try:
+    async with in_background(count()):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 @pytest.mark.parametrize("policy", ["predictive", "reactive"])
