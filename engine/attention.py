@@ -1,18 +1,21 @@
 """Attention over the paged KV cache. On CUDA one Triton kernel reads K/V in place through
-the block tables (engine/paged_attention_triton.py). Elsewhere the torch path below: gather
-whole blocks, batched matmuls.
+the block tables (engine/paged_attention_triton.py). On a CPU:
 
-Decodes of similar context length are attended together: their blocks are gathered once
-per layer into [kv_heads, batch, context, head_dim] and multiplied in the cache's dtype with
-the query heads of each KV head stacked (GQA without repeating K/V), softmax in fp32. A
-prefill slice that starts the sequence uses SDPA's causal kernel; a later slice gathers its
-context blocks and masks only the columns of its own tokens (causal) and the tail of its last
-block, so no mask ever spans the context."""
+- decodes: all of the step's single-token queries in one call of the C++ kernel
+  (engine/paged_attention_cpu.py), which reads each K/V row in place; where that kernel could
+  not be built, the torch path: decodes of similar context length attended together, their
+  blocks gathered once per layer into [kv_heads, batch, context, head_dim] and multiplied in
+  the cache's dtype with the query heads of each KV head stacked (GQA without repeating K/V),
+  softmax in fp32;
+- a prefill slice that starts the sequence: SDPA's causal kernel;
+- a later slice: its context blocks gathered, batched matmuls, a mask over only the columns of
+  its own tokens (causal) and the tail of its last block, so no mask ever spans the context."""
 
 import torch
 import torch.nn.functional as F
 
 from engine.forward_batch import DecodeGroup, ForwardBatch, PrefillSlice
+from engine.paged_attention_cpu import cpu_kernel, paged_decode_attention
 
 NEG_INF = float("-inf")
 
@@ -56,8 +59,14 @@ def paged_attention(
     k_blocks = k_cache.view(kv_heads, slots // block_size, block_size, head_dim)
     v_blocks = v_cache.view(kv_heads, slots // block_size, block_size, head_dim)
     out = torch.empty_like(q)
-    for g in batch.decode_groups:
-        out.index_copy_(0, g.rows, _decode_group(q, k_blocks, v_blocks, g, scale, buffers))
+    decodes = batch.decodes
+    if len(decodes.rows) and cpu_kernel() is not None:
+        attended = paged_decode_attention(q.index_select(0, decodes.rows), k_cache, v_cache, decodes.block_tables,
+                                          decodes.seq_lens, block_size, scale)
+        out.index_copy_(0, decodes.rows, attended)
+    elif len(decodes.rows):
+        for g in batch.decode_groups:
+            out.index_copy_(0, g.rows, _decode_group(q, k_blocks, v_blocks, g, scale, buffers))
     for s in batch.prefills:
         rows = slice(s.start, s.start + s.length)
         if s.seq_len == s.length:  # the slice is the whole context so far

@@ -6,10 +6,13 @@ building is numpy over the whole batch (no Python call per token), and the block
 come from rows kept across steps (engine.block_tables), so host work per step grows with
 the number of sequences and of new tokens, not with context length.
 
-Beside the varlen layout that the CUDA kernel reads, the torch attention path gets its plan:
-single-token queries (decodes) in groups of similar context length, prefill slices one by one."""
+Beside the varlen layout that the CUDA kernel reads, the CPU attention paths get their plan:
+the single-token queries (decodes) together, for the CPU kernel (or, for the torch path, in
+groups of similar context length), and the prefill slices one by one."""
 
 from dataclasses import dataclass
+
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -25,6 +28,15 @@ class PrefillSlice:
     length: int  # query tokens in this slice
     seq_len: int  # context after this step: positions [seq_len - length, seq_len) are the slice's
     blocks: torch.Tensor  # [blocks covering seq_len] block ids
+
+
+@dataclass
+class Decodes:
+    """The step's single-token queries: their query rows, block tables and context lengths."""
+
+    rows: torch.Tensor  # [D] query rows
+    block_tables: torch.Tensor  # [D, nb] int32, nb covering the longest context
+    seq_lens: torch.Tensor  # [D] int32
 
 
 @dataclass
@@ -44,12 +56,24 @@ class ForwardBatch:
     query_start: torch.Tensor  # [S + 1] int32
     seq_lens: torch.Tensor  # [S] int32
     block_tables: torch.Tensor  # [S, max blocks of the batch] int32
-    decode_groups: list[DecodeGroup]
+    decodes: Decodes
     prefills: list[PrefillSlice]
     logits_rows: torch.Tensor  # [R] rows whose output is sampled, in `sampled` order
     sampled: list[Sequence]  # sequences that get a new token from this step
     block_size: int  # tokens per KV block
     lora: LoRABatch | None = None  # each token's adapter slot; None when every token is for the base model
+
+    @cached_property
+    def decode_groups(self) -> list[DecodeGroup]:
+        """The decodes in groups of similar context length, for the torch attention path (CPU
+        tensors): built once per step, on first use."""
+        lengths = self.decodes.seq_lens.numpy()
+        groups = [torch.from_numpy(g) for g in _similar_lengths(np.arange(len(lengths)), lengths)]
+        return [
+            DecodeGroup(self.decodes.rows[g], self.decodes.block_tables[g, : -(-int(self.decodes.seq_lens[g].max()) // self.block_size)].long(),
+                        self.decodes.seq_lens[g])
+            for g in groups
+        ]
 
 
 # A decode group's shortest context is at least this fraction of its longest: padding every
@@ -90,11 +114,13 @@ def build_forward_batch(items: list[tuple[Sequence, int]], tables: BlockTables, 
         PrefillSlice(int(query_start[i]), counts[i], int(seq_lens[i]), tensor(block_tables[i, : -(-seq_lens[i] // block_size)], torch.long))
         for i in np.flatnonzero(~decode)
     ]
-    decode_groups = [
-        DecodeGroup(tensor(query_start[g], torch.long), tensor(block_tables[g, : -(-seq_lens[g].max() // block_size)], torch.long),
-                    tensor(seq_lens[g]))
-        for g in _similar_lengths(np.flatnonzero(decode), seq_lens)
-    ]
+    decode_rows = np.flatnonzero(decode)
+    decode_lens = seq_lens[decode_rows]
+    decodes = Decodes(
+        tensor(query_start[decode_rows], torch.long),
+        tensor(block_tables[decode_rows, : -(-decode_lens.max(initial=0) // block_size)]),
+        tensor(decode_lens, torch.int32),
+    )
     token_slots = np.repeat(lora_slots, counts_np)
     return ForwardBatch(
         input_ids=torch.tensor(input_ids, dtype=torch.long).to(device, non_blocking=True),
@@ -103,7 +129,7 @@ def build_forward_batch(items: list[tuple[Sequence, int]], tables: BlockTables, 
         query_start=tensor(query_start),
         seq_lens=tensor(seq_lens, torch.int32),
         block_tables=tensor(block_tables),
-        decode_groups=decode_groups,
+        decodes=decodes,
         prefills=prefills,
         logits_rows=torch.tensor(logits_rows, dtype=torch.long).to(device, non_blocking=True),
         sampled=sampled,

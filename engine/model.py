@@ -13,6 +13,7 @@ from engine.base.model_config import ModelConfig
 from engine.forward_batch import ForwardBatch
 from engine.kv_cache import KVCache
 from engine.linear import Weight
+from engine.paged_attention_cpu import cpu_kernel
 from engine.lora.slots import LoRASlots
 from engine.rope import RotaryEmbedding, apply_rotary
 
@@ -44,6 +45,8 @@ class LlamaModel:
         self.config = config
         self.lora = lora  # adapters' deltas, added to the projections of tokens that use one
         self.gather_buffers = GatherBuffers()  # the torch attention path's scratch, reused by every layer
+        if torch.device(device).type == "cpu":
+            cpu_kernel()  # built (or found built) now rather than in the first step
 
         def w(name: str) -> torch.Tensor:
             return weights[name].to(device=device, dtype=dtype)

@@ -1,11 +1,12 @@
-"""The engine's torch attention path (CPU) and the batch layout it reads, against the plain
-paged-attention reference evaluated in float64 on the same inputs: one mixed batch of
-decodes of different context lengths, a first prefill slice and a later slice over cached
-context, with block tables out of order."""
+"""The engine's CPU attention, with the C++ decode kernel and with the torch path it falls back
+to, and the batch layout both read, against the plain paged-attention reference evaluated in
+float64 on the same inputs: one mixed batch of decodes of different context lengths, a first
+prefill slice and a later slice over cached context, with block tables out of order."""
 
 import pytest
 import torch
 
+from engine import attention
 from engine.attention import GatherBuffers, paged_attention
 from engine.block_tables import BlockTables
 from engine.forward_batch import build_forward_batch
@@ -32,8 +33,13 @@ def make_batch(generator: torch.Generator):
     return items
 
 
+@pytest.mark.parametrize("decodes_by", ["kernel", "torch"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_torch_path_equals_the_reference_on_a_mixed_batch(dtype):
+def test_cpu_attention_equals_the_reference_on_a_mixed_batch(dtype, decodes_by, monkeypatch):
+    if decodes_by == "torch":
+        monkeypatch.setattr(attention, "cpu_kernel", lambda: None)
+    else:
+        assert attention.cpu_kernel() is not None, "the CPU kernel did not build"
     generator = torch.Generator().manual_seed(0)
     items = make_batch(generator)
     tables = BlockTables(len(items), NUM_BLOCKS)

@@ -1,0 +1,65 @@
+"""The CPU decode-attention kernel (engine/csrc/paged_attention_cpu.cpp), compiled at first use
+for the CPU it runs on and cached by torch (under TORCH_EXTENSIONS_DIR, by default
+~/.cache/torch_extensions): about 25 s the first time on 2 cores, a load after that.
+
+It replaces the torch path's per-layer gather of every decode's K/V blocks and its batched
+matmuls with one pass that reads each K/V row in place (engine/attention.py picks it). Where
+it cannot be built (no C++ compiler, no Python headers) the engine keeps the torch path and
+says so once."""
+
+import functools
+import hashlib
+import logging
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).parent / "csrc" / "paged_attention_cpu.cpp"
+# fast-math's parts, not -ffast-math itself: linked with that, GCC sets flush-to-zero for the
+# whole process, which would change every torch op's results on denormals
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffinite-math-only",
+         "-fno-signed-zeros", "-fassociative-math", "-freciprocal-math"]
+
+
+def _cpu_tag() -> str:
+    """A short digest of this CPU's model and feature flags: a build for another CPU (a cache
+    directory shared between machines) is never loaded here."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        described = "\n".join(sorted({line for line in lines if line.startswith(("flags", "model name", "Features", "CPU part"))}))
+    except OSError:
+        described = platform.processor() + platform.machine()
+    return hashlib.blake2b(described.encode(), digest_size=6).hexdigest()
+
+
+@functools.cache
+def cpu_kernel():
+    """The compiled module, or None (with one warning) when it cannot be built here."""
+    from torch.utils.cpp_extension import load
+
+    started = time.monotonic()
+    try:
+        module = load(name=f"k25_paged_attention_cpu_{_cpu_tag()}", sources=[str(SOURCE)], extra_cflags=FLAGS,
+                      extra_ldflags=["-fopenmp"])
+    except Exception as exc:  # no compiler, no headers, an unsupported -march: the torch path still works
+        log.warning("CPU attention kernel unavailable, using the torch path (slower decode): %s", exc)
+        return None
+    log.info("CPU attention kernel ready in %.1f s", time.monotonic() - started)
+    return module
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                           seq_lens: torch.Tensor, block_size: int, scale: float) -> torch.Tensor:
+    """[B, heads, head_dim]: each row of q (one decode query per sequence) attending to its
+    sequence's seq_lens[b] cached tokens. k_cache, v_cache: [kv_heads, slots, head_dim];
+    block_tables [B, blocks] and seq_lens [B] int32. Raises RuntimeError when the kernel is
+    unavailable (call cpu_kernel() first to choose)."""
+    kernel = cpu_kernel()
+    if kernel is None:
+        raise RuntimeError("the CPU attention kernel could not be built")
+    return kernel.paged_decode_attention(q.contiguous(), k_cache, v_cache, block_tables.contiguous(), seq_lens.contiguous(),
+                                         block_size, scale)

@@ -1,0 +1,121 @@
+"""The CPU decode-attention kernel (engine/csrc/paged_attention_cpu.cpp) against the plain
+torch reference on random batches of decodes: contexts of 1 to a few thousand tokens, GQA
+ratios 1 to 16, head sizes its vector paths take (64, 128) and ones they leave to the plain
+loops (48, and more than 8 query heads per KV head), two block sizes, float32, bfloat16 and
+float16. Slots no sequence owns hold NaN, so a read outside a context shows. The bound is the
+one the Triton kernel is held to (tests/helpers/paged_attention_cases.py) for a kernel that
+keeps its probabilities in float32 and makes one pass over the keys."""
+
+import logging
+import random
+
+import pytest
+import torch
+
+from engine import paged_attention_cpu
+from engine.paged_attention_reference import paged_attention_reference
+from tests.helpers.paged_attention_cases import error_bound, paged_batch
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    module = paged_attention_cpu.cpu_kernel()
+    assert module is not None, "the CPU kernel did not build (see the warning logged)"
+    return paged_attention_cpu.paged_decode_attention
+
+
+def run(kernel, args):
+    """The kernel on paged_batch's arguments (its caches are [slots, kv_heads, head_dim]; the
+    engine's are heads first)."""
+    q, k_cache, v_cache, block_tables, _, seq_lens, block_size, scale = args
+    return kernel(q, k_cache.transpose(0, 1).contiguous(), v_cache.transpose(0, 1).contiguous(), block_tables, seq_lens,
+                  block_size, scale)
+
+
+def assert_matches_reference(actual, args):
+    expected = paged_attention_reference(*args)
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    assert not actual.isnan().any(), "NaN in the output: a read outside some sequence's context"
+    bound = error_bound(args) + error_bound(args)  # each within its bound of the exact result
+    excess = (actual.double() - expected.double()).abs() - bound
+    assert excess.max() <= 0, f"off by more than the rounding bound: worst excess {excess.max():.3g}"
+
+
+def decodes(lengths):
+    return [(1, length) for length in lengths]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("group", [1, 3, 4, 8])
+def test_decodes_match_the_reference(kernel, group, block_size, dtype):
+    """Contexts at and around block boundaries and across the 16-position chunks of the bf16 path."""
+    args = paged_batch(decodes([1, 15, 16, 17, 31, 33, 100, 257]), group, 64, block_size, dtype, seed=group * 10 + block_size)
+    assert_matches_reference(run(kernel, args), args)
+
+
+@pytest.mark.parametrize("head_dim", [48, 128])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_other_head_sizes_match_the_reference(kernel, head_dim, dtype):
+    args = paged_batch(decodes([1, 40, 200]), 3, head_dim, 16, dtype, seed=head_dim)
+    assert_matches_reference(run(kernel, args), args)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_more_query_heads_per_kv_head_than_the_vector_paths_hold(kernel, dtype):
+    args = paged_batch(decodes([5, 70]), 16, 64, 16, dtype, seed=16)
+    assert_matches_reference(run(kernel, args), args)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_batches_match_the_reference(kernel, seed):
+    rng = random.Random(seed)
+    group, block_size, dtype = rng.choice([1, 2, 3, 4, 8]), rng.choice([16, 32]), rng.choice(DTYPES)
+    lengths = [rng.randint(1, 600) for _ in range(rng.randint(1, 12))]
+    args = paged_batch(decodes(lengths), group, 64, block_size, dtype, seed)
+    assert_matches_reference(run(kernel, args), args)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_long_contexts_match_the_reference(kernel, dtype):
+    args = paged_batch(decodes([3000, 1800, 2049]), 3, 64, 16, dtype, seed=3)
+    assert_matches_reference(run(kernel, args), args)
+
+
+def test_an_empty_batch_gives_an_empty_output(kernel):
+    args = paged_batch([], 3, 64, 16, torch.bfloat16, seed=0)
+    assert run(kernel, args).shape == (0, 6, 64)
+
+
+def test_the_tables_must_be_int32(kernel):
+    args = paged_batch(decodes([5]), 1, 64, 16, torch.float32, seed=0)
+    args[3] = args[3].long()
+    with pytest.raises(RuntimeError, match="int32"):
+        run(kernel, args)
+
+
+def test_a_query_head_count_that_is_not_a_multiple_of_the_kv_heads_is_refused(kernel):
+    args = paged_batch(decodes([5]), 1, 64, 16, torch.float32, seed=0)
+    args[0] = torch.cat([args[0], args[0][:, :1]], dim=1)  # 3 query heads over 2 KV heads
+    with pytest.raises(RuntimeError, match="GQA"):
+        run(kernel, args)
+
+
+def test_without_a_compiler_the_engine_keeps_the_torch_path(monkeypatch, caplog):
+    import torch.utils.cpp_extension
+
+    def no_compiler(**_):
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", no_compiler)
+    paged_attention_cpu.cpu_kernel.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="engine.paged_attention_cpu"):
+            assert paged_attention_cpu.cpu_kernel() is None
+        assert "using the torch path" in caplog.text and "no C++ compiler found" in caplog.text
+        with pytest.raises(RuntimeError, match="could not be built"):
+            paged_attention_cpu.paged_decode_attention(*([None] * 5), 16, 1.0)
+    finally:
+        paged_attention_cpu.cpu_kernel.cache_clear()
