@@ -54,13 +54,20 @@ $(HELM):
 chart-crds:
 	cp k8s/crds/*.yaml charts/k25/crds/
 
-run: need-redis-server $(STAMP)
+# the CPU attention kernel, compiled once for this machine (into torch's extension cache,
+# ~/.cache/torch_extensions) before any engine starts, rather than by several at once
+KERNELS := $(VENV)/.kernels
+$(KERNELS): $(STAMP) engine/csrc/paged_attention_cpu.cpp engine/paged_attention_cpu.py
+	$(BIN)/python -c "from engine.paged_attention_cpu import cpu_kernel; assert cpu_kernel(), 'the CPU attention kernel did not build'"
+	touch $(KERNELS)
+
+run: need-redis-server $(STAMP) $(KERNELS)
 	$(BIN)/k25 up
 
-test: need-redis-server $(STAMP) $(HELM)
+test: need-redis-server $(STAMP) $(KERNELS) $(HELM)
 	$(BIN)/python -m pytest -q -ra --durations=15
 
-test-fast: need-redis-server $(STAMP) $(HELM)
+test-fast: need-redis-server $(STAMP) $(KERNELS) $(HELM)
 	$(BIN)/python -m pytest -q -ra -m "not slow"
 
 proto: $(STAMP)

@@ -39,6 +39,11 @@ COPY k25 /src/k25
 RUN pip install --no-deps /src
 
 FROM ${PYTHON_IMAGE}
+ARG PART
+# the engine compiles its CPU attention kernel for the node it lands on (-march=native) at
+# start, into the /tmp cache: it needs a C++ compiler (the image has Python's headers)
+RUN if [ "$PART" = engine-cpu ]; then apt-get update && apt-get install -y --no-install-recommends g++ \
+        && rm -rf /var/lib/apt/lists/*; fi
 # the user every K25 pod runs as (runAsUser 10001 in the chart and operators/deployment.py)
 RUN groupadd --gid 10001 k25 && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp k25
 COPY --from=build /opt/k25 /opt/k25

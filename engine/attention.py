@@ -1,12 +1,11 @@
-"""Attention over the paged KV cache. On CUDA one Triton kernel reads K/V in place through
-the block tables (engine/paged_attention_triton.py). On a CPU:
+"""Attention over the paged KV cache. One kernel call per layer attends the whole step,
+reading K/V in place through the block tables: on CUDA in Triton
+(engine/paged_attention_triton.py), on a CPU in C++ (engine/paged_attention_cpu.py).
 
-- decodes: all of the step's single-token queries in one call of the C++ kernel
-  (engine/paged_attention_cpu.py), which reads each K/V row in place; where that kernel could
-  not be built, the torch path: decodes of similar context length attended together, their
-  blocks gathered once per layer into [kv_heads, batch, context, head_dim] and multiplied in
-  the cache's dtype with the query heads of each KV head stacked (GQA without repeating K/V),
-  softmax in fp32;
+Where the CPU kernel could not be built, the torch path below:
+- decodes of similar context length attended together: their blocks gathered once per layer
+  into [kv_heads, batch, context, head_dim] and multiplied in the cache's dtype with the query
+  heads of each KV head stacked (GQA without repeating K/V), softmax in fp32;
 - a prefill slice that starts the sequence: SDPA's causal kernel;
 - a later slice: its context blocks gathered, batched matmuls, a mask over only the columns of
   its own tokens (causal) and the tail of its last block, so no mask ever spans the context."""
@@ -15,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.forward_batch import DecodeGroup, ForwardBatch, PrefillSlice
-from engine.paged_attention_cpu import cpu_kernel, paged_decode_attention
+from engine.paged_attention_cpu import cpu_kernel, paged_attention_cpu
 
 NEG_INF = float("-inf")
 
@@ -56,17 +55,13 @@ def paged_attention(
 
         return paged_attention_triton(q, k_cache.transpose(0, 1), v_cache.transpose(0, 1), batch.block_tables,
                                       batch.query_start, batch.seq_lens, block_size, scale)
+    if cpu_kernel() is not None:
+        return paged_attention_cpu(q, k_cache, v_cache, batch.block_tables, batch.query_start, batch.seq_lens, block_size, scale)
     k_blocks = k_cache.view(kv_heads, slots // block_size, block_size, head_dim)
     v_blocks = v_cache.view(kv_heads, slots // block_size, block_size, head_dim)
     out = torch.empty_like(q)
-    decodes = batch.decodes
-    if len(decodes.rows) and cpu_kernel() is not None:
-        attended = paged_decode_attention(q.index_select(0, decodes.rows), k_cache, v_cache, decodes.block_tables,
-                                          decodes.seq_lens, block_size, scale)
-        out.index_copy_(0, decodes.rows, attended)
-    elif len(decodes.rows):
-        for g in batch.decode_groups:
-            out.index_copy_(0, g.rows, _decode_group(q, k_blocks, v_blocks, g, scale, buffers))
+    for g in batch.decode_groups:
+        out.index_copy_(0, g.rows, _decode_group(q, k_blocks, v_blocks, g, scale, buffers))
     for s in batch.prefills:
         rows = slice(s.start, s.start + s.length)
         if s.seq_len == s.length:  # the slice is the whole context so far

@@ -6,9 +6,10 @@ building is numpy over the whole batch (no Python call per token), and the block
 come from rows kept across steps (engine.block_tables), so host work per step grows with
 the number of sequences and of new tokens, not with context length.
 
-Beside the varlen layout that the CUDA kernel reads, the CPU attention paths get their plan:
-the single-token queries (decodes) together, for the CPU kernel (or, for the torch path, in
-groups of similar context length), and the prefill slices one by one."""
+The CUDA and CPU kernels read the varlen layout itself. For the torch attention path (a CPU
+where the kernel could not be built) the batch also holds its plan: prefill slices one by
+one, and, on first use, the single-token queries (decodes) in groups of similar context
+length."""
 
 from dataclasses import dataclass
 
@@ -31,15 +32,6 @@ class PrefillSlice:
 
 
 @dataclass
-class Decodes:
-    """The step's single-token queries: their query rows, block tables and context lengths."""
-
-    rows: torch.Tensor  # [D] query rows
-    block_tables: torch.Tensor  # [D, nb] int32, nb covering the longest context
-    seq_lens: torch.Tensor  # [D] int32
-
-
-@dataclass
 class DecodeGroup:
     """Single-token queries of similar context length, attended together."""
 
@@ -56,7 +48,6 @@ class ForwardBatch:
     query_start: torch.Tensor  # [S + 1] int32
     seq_lens: torch.Tensor  # [S] int32
     block_tables: torch.Tensor  # [S, max blocks of the batch] int32
-    decodes: Decodes
     prefills: list[PrefillSlice]
     logits_rows: torch.Tensor  # [R] rows whose output is sampled, in `sampled` order
     sampled: list[Sequence]  # sequences that get a new token from this step
@@ -65,13 +56,14 @@ class ForwardBatch:
 
     @cached_property
     def decode_groups(self) -> list[DecodeGroup]:
-        """The decodes in groups of similar context length, for the torch attention path (CPU
-        tensors): built once per step, on first use."""
-        lengths = self.decodes.seq_lens.numpy()
-        groups = [torch.from_numpy(g) for g in _similar_lengths(np.arange(len(lengths)), lengths)]
+        """The single-token queries (decodes) in groups of similar context length, for the torch
+        attention path (CPU tensors only): built on first use, once per step."""
+        starts, seq_lens, tables = self.query_start.numpy(), self.seq_lens.numpy(), self.block_tables.numpy()
+        groups = _similar_lengths(np.flatnonzero(np.diff(starts) == 1), seq_lens)
         return [
-            DecodeGroup(self.decodes.rows[g], self.decodes.block_tables[g, : -(-int(self.decodes.seq_lens[g].max()) // self.block_size)].long(),
-                        self.decodes.seq_lens[g])
+            DecodeGroup(torch.from_numpy(starts[g].astype(np.int64)),
+                        torch.from_numpy(tables[g, : -(-seq_lens[g].max() // self.block_size)].astype(np.int64)),
+                        torch.from_numpy(seq_lens[g]))
             for g in groups
         ]
 
@@ -114,13 +106,6 @@ def build_forward_batch(items: list[tuple[Sequence, int]], tables: BlockTables, 
         PrefillSlice(int(query_start[i]), counts[i], int(seq_lens[i]), tensor(block_tables[i, : -(-seq_lens[i] // block_size)], torch.long))
         for i in np.flatnonzero(~decode)
     ]
-    decode_rows = np.flatnonzero(decode)
-    decode_lens = seq_lens[decode_rows]
-    decodes = Decodes(
-        tensor(query_start[decode_rows], torch.long),
-        tensor(block_tables[decode_rows, : -(-decode_lens.max(initial=0) // block_size)]),
-        tensor(decode_lens, torch.int32),
-    )
     token_slots = np.repeat(lora_slots, counts_np)
     return ForwardBatch(
         input_ids=torch.tensor(input_ids, dtype=torch.long).to(device, non_blocking=True),
@@ -129,7 +114,6 @@ def build_forward_batch(items: list[tuple[Sequence, int]], tables: BlockTables, 
         query_start=tensor(query_start),
         seq_lens=tensor(seq_lens, torch.int32),
         block_tables=tensor(block_tables),
-        decodes=decodes,
         prefills=prefills,
         logits_rows=torch.tensor(logits_rows, dtype=torch.long).to(device, non_blocking=True),
         sampled=sampled,

@@ -1,11 +1,12 @@
-"""The CPU decode-attention kernel (engine/csrc/paged_attention_cpu.cpp), compiled at first use
+"""The CPU paged-attention kernel (engine/csrc/paged_attention_cpu.cpp), compiled at first use
 for the CPU it runs on and cached by torch (under TORCH_EXTENSIONS_DIR, by default
 ~/.cache/torch_extensions): about 25 s the first time on 2 cores, a load after that.
 
-It replaces the torch path's per-layer gather of every decode's K/V blocks and its batched
-matmuls with one pass that reads each K/V row in place (engine/attention.py picks it). Where
-it cannot be built (no C++ compiler, no Python headers) the engine keeps the torch path and
-says so once."""
+One call attends a whole step (the varlen layout of engine/forward_batch.py, as the Triton
+kernel reads it): each K/V row read in place, where the torch path gathers every decode's
+and later slice's blocks per layer and runs SDPA per first slice (engine/attention.py picks
+it). Where it cannot be built (no C++ compiler, no Python headers) the engine keeps the torch
+path and says so once."""
 
 import functools
 import hashlib
@@ -52,14 +53,16 @@ def cpu_kernel():
     return module
 
 
-def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                           seq_lens: torch.Tensor, block_size: int, scale: float) -> torch.Tensor:
-    """[B, heads, head_dim]: each row of q (one decode query per sequence) attending to its
-    sequence's seq_lens[b] cached tokens. k_cache, v_cache: [kv_heads, slots, head_dim];
-    block_tables [B, blocks] and seq_lens [B] int32. Raises RuntimeError when the kernel is
-    unavailable (call cpu_kernel() first to choose)."""
+def paged_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                        query_start: torch.Tensor, seq_lens: torch.Tensor, block_size: int, scale: float) -> torch.Tensor:
+    """[tokens, heads, head_dim]: sequence s's query rows query_start[s]:query_start[s + 1], the
+    last of them at position seq_lens[s] - 1, each attending causally to its sequence's cached
+    tokens (theirs included: write K/V first). k_cache, v_cache: [kv_heads, slots, head_dim];
+    block_tables [S, blocks], query_start [S + 1] and seq_lens [S] int32 (the reference's
+    contract, engine/paged_attention_reference.py, with the caches heads first). Raises
+    RuntimeError on malformed arguments, or when the kernel is unavailable (cpu_kernel() says)."""
     kernel = cpu_kernel()
     if kernel is None:
         raise RuntimeError("the CPU attention kernel could not be built")
-    return kernel.paged_decode_attention(q.contiguous(), k_cache, v_cache, block_tables.contiguous(), seq_lens.contiguous(),
-                                         block_size, scale)
+    return kernel.paged_attention(q.contiguous(), k_cache, v_cache, block_tables.contiguous(), query_start.contiguous(),
+                                  seq_lens.contiguous(), block_size, scale)

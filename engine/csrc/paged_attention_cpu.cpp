@@ -1,6 +1,6 @@
-// Decode attention over the paged KV cache on a CPU: each single-token query reads its
-// context's K/V rows in place through its block table (no gather into a scratch buffer),
-// scores, softmax and the weighted sum of V in fp32, one task per (sequence, KV head) with
+// Paged attention on a CPU for a whole step (prefill slices and decodes): each query row reads
+// its context's K/V rows in place through its block table (no gather into a scratch buffer),
+// scores, softmax and the weighted sum of V in fp32, one task per (query row, KV head) with
 // that head's query heads together, so every K/V row is read once for the whole GQA group.
 // With AVX512-BF16 (bf16 caches) q.k runs as bf16 pair products summed in fp32 and V rows are
 // widened once per 16 columns; other dtypes and CPUs take plain loops the compiler vectorises.
@@ -193,26 +193,40 @@ void weigh<c10::BFloat16>(float* acc, const float* probs, const PagedRows<c10::B
 }
 #endif
 
+// Every query row of the batch: row i of sequence s (n_s rows this step, L_s tokens in context
+// after it) sits at position L_s - n_s + i and attends to positions 0 .. that one (causal
+// within the step's own rows; a decode is the case n_s = 1). One task per (row, KV head).
 template <typename T>
-void decode(T* out, const T* q, const T* k_cache, const T* v_cache, const int32_t* block_tables,
-            const int32_t* seq_lens, int64_t batch, int64_t heads, int64_t kv_heads, int64_t slots,
-            int64_t max_blocks, int64_t block_size, float scale, int64_t dim) {
+void attend(T* out, const T* q, const T* k_cache, const T* v_cache, const int32_t* block_tables,
+            const int32_t* query_start, const int32_t* seq_lens, int64_t num_seqs, int64_t tokens, int64_t heads,
+            int64_t kv_heads, int64_t slots, int64_t max_blocks, int64_t block_size, float scale, int64_t dim) {
   const int64_t group = heads / kv_heads;
-  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
+  std::vector<int32_t> seq_of(tokens);  // the sequence each query row belongs to
+  for (int64_t s = 0; s < num_seqs; ++s)
+    for (int64_t t = query_start[s]; t < query_start[s + 1]; ++t) seq_of[t] = static_cast<int32_t>(s);
+  // a decode row reads its whole context from memory; a prefill row mostly what its neighbours
+  // just brought into the cache: small grains for the first, larger for the second
+  const int64_t grain = tokens > num_seqs ? 4 : 1;
+  at::parallel_for(0, tokens * kv_heads, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> scores, acc(group * dim);
     std::vector<int64_t> offsets;
+    int64_t offsets_for = -1;  // the sequence `offsets` holds rows of
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / kv_heads, h = task % kv_heads;
-      const int64_t length = seq_lens[b];
+      const int64_t t = task / kv_heads, h = task % kv_heads, s = seq_of[t];
+      const int64_t length = seq_lens[s] - (query_start[s + 1] - 1 - t);  // positions this row sees
+      T* out_rows = out + (t * heads + h * group) * dim;
       if (length <= 0) {  // nothing to attend to: a zero row, never a read before the context
-        std::fill(out + (b * heads + h * group) * dim, out + (b * heads + (h + 1) * group) * dim, static_cast<T>(0));
+        std::fill(out_rows, out_rows + group * dim, static_cast<T>(0));
         continue;
       }
-      row_offsets(offsets, block_tables + b * max_blocks, length, block_size, dim);
+      if (offsets_for != s) {
+        row_offsets(offsets, block_tables + s * max_blocks, seq_lens[s], block_size, dim);
+        offsets_for = s;
+      }
       const PagedRows<T> keys{k_cache + h * slots * dim, offsets.data()};
       const PagedRows<T> values{v_cache + h * slots * dim, offsets.data()};
       scores.resize(group * length);
-      score<T>(scores.data(), q + (b * heads + h * group) * dim, keys, group, length, dim, scale);
+      score<T>(scores.data(), q + (t * heads + h * group) * dim, keys, group, length, dim, scale);
       for (int64_t g = 0; g < group; ++g) {
         float* sg = scores.data() + g * length;
         float m = sg[0];
@@ -227,43 +241,56 @@ void decode(T* out, const T* q, const T* k_cache, const T* v_cache, const int32_
         for (int64_t pos = 0; pos < length; ++pos) sg[pos] *= inv;
       }
       weigh<T>(acc.data(), scores.data(), values, group, length, dim);
-      for (int64_t g = 0; g < group; ++g) {
-        T* row = out + (b * heads + h * group + g) * dim;
-        for (int64_t d = 0; d < dim; ++d) row[d] = static_cast<T>(acc[g * dim + d]);
-      }
+      for (int64_t i = 0; i < group * dim; ++i) out_rows[i] = static_cast<T>(acc[i]);
     }
   });
 }
 
 template <typename T>
 void run(torch::Tensor& out, const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-         const torch::Tensor& block_tables, const torch::Tensor& seq_lens, int64_t block_size, double scale) {
-  decode<T>(out.data_ptr<T>(), q.data_ptr<T>(), k_cache.data_ptr<T>(), v_cache.data_ptr<T>(),
-            block_tables.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), q.size(0), q.size(1), k_cache.size(0),
-            k_cache.size(1), block_tables.size(1), block_size, static_cast<float>(scale), q.size(2));
+         const torch::Tensor& block_tables, const torch::Tensor& query_start, const torch::Tensor& seq_lens,
+         int64_t block_size, double scale) {
+  attend<T>(out.data_ptr<T>(), q.data_ptr<T>(), k_cache.data_ptr<T>(), v_cache.data_ptr<T>(),
+            block_tables.data_ptr<int32_t>(), query_start.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(),
+            seq_lens.size(0), q.size(0), q.size(1), k_cache.size(0), k_cache.size(1), block_tables.size(1), block_size,
+            static_cast<float>(scale), q.size(2));
 }
 
 }  // namespace
 
-torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                                     torch::Tensor block_tables, torch::Tensor seq_lens, int64_t block_size, double scale) {
-  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.dim() == 3, "q [B, heads, D], caches [kv_heads, slots, D]");
+torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor block_tables,
+                              torch::Tensor query_start, torch::Tensor seq_lens, int64_t block_size, double scale) {
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.dim() == 3, "q [tokens, heads, D], caches [kv_heads, slots, D]");
   TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(), "q and the caches must be contiguous");
   TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && k_cache.scalar_type() == v_cache.scalar_type(), "one dtype");
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "K and V caches of one shape");
   TORCH_CHECK(q.size(2) == k_cache.size(2) && q.size(1) % k_cache.size(0) == 0, "head_dim and GQA ratio");
-  TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && seq_lens.scalar_type() == torch::kInt32, "int32 tables");
-  TORCH_CHECK(block_tables.is_contiguous() && seq_lens.is_contiguous() && block_tables.size(0) == q.size(0) &&
-                  seq_lens.size(0) == q.size(0), "one table row and length per query");
+  TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && query_start.scalar_type() == torch::kInt32 &&
+                  seq_lens.scalar_type() == torch::kInt32, "int32 tables, query starts and lengths");
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.is_contiguous() && query_start.is_contiguous() && seq_lens.is_contiguous(),
+              "contiguous tables");
+  TORCH_CHECK(block_tables.size(0) == seq_lens.size(0) && query_start.size(0) == seq_lens.size(0) + 1,
+              "one table row and length per sequence, one more query start");
+  TORCH_CHECK(block_size > 0, "block_size must be positive");
+  const int32_t* starts = query_start.data_ptr<int32_t>();
+  const int32_t* lengths = seq_lens.data_ptr<int32_t>();
+  TORCH_CHECK(starts[0] == 0 && starts[seq_lens.size(0)] == q.size(0), "query_start must run from 0 to q's row count");
+  for (int64_t s = 0; s < seq_lens.size(0); ++s) {
+    TORCH_CHECK(starts[s] <= starts[s + 1], "query_start must not decrease");
+    TORCH_CHECK(lengths[s] >= 0 && lengths[s] <= block_tables.size(1) * block_size, "every context must fit its block table");
+  }
   auto out = torch::empty_like(q);
   switch (q.scalar_type()) {
-    case torch::kFloat32: run<float>(out, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale); break;
-    case torch::kBFloat16: run<c10::BFloat16>(out, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale); break;
-    case torch::kFloat16: run<c10::Half>(out, q, k_cache, v_cache, block_tables, seq_lens, block_size, scale); break;
+    case torch::kFloat32: run<float>(out, q, k_cache, v_cache, block_tables, query_start, seq_lens, block_size, scale); break;
+    case torch::kBFloat16:
+      run<c10::BFloat16>(out, q, k_cache, v_cache, block_tables, query_start, seq_lens, block_size, scale);
+      break;
+    case torch::kFloat16: run<c10::Half>(out, q, k_cache, v_cache, block_tables, query_start, seq_lens, block_size, scale); break;
     default: TORCH_CHECK(false, "unsupported dtype ", q.scalar_type());
   }
   return out;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &paged_decode_attention, "decode attention through block tables");
+  m.def("paged_attention", &paged_attention, "varlen paged attention through block tables (prefill slices and decodes)");
 }

@@ -1,10 +1,11 @@
-"""The CPU decode-attention kernel (engine/csrc/paged_attention_cpu.cpp) against the plain
-torch reference on random batches of decodes: contexts of 1 to a few thousand tokens, GQA
-ratios 1 to 16, head sizes its vector paths take (64, 128) and ones they leave to the plain
-loops (48, and more than 8 query heads per KV head), two block sizes, float32, bfloat16 and
-float16. Slots no sequence owns hold NaN, so a read outside a context shows. The bound is the
-one the Triton kernel is held to (tests/helpers/paged_attention_cases.py) for a kernel that
-keeps its probabilities in float32 and makes one pass over the keys."""
+"""The CPU paged-attention kernel (engine/csrc/paged_attention_cpu.cpp) against the plain torch
+reference: mixed batches of prefill slices (first and later, starting mid-block) and decodes,
+contexts of 1 to a few thousand tokens, GQA ratios 1 to 16, head sizes its vector paths take
+(64, 128) and ones they leave to the plain loops (48, and more than 8 query heads per KV
+head), two block sizes, float32, bfloat16 and float16. Slots no sequence owns hold NaN, so a
+read outside a context shows. The bound is the one the Triton kernel is held to
+(tests/helpers/paged_attention_cases.py) for a kernel that keeps its probabilities in float32
+and makes one pass over the keys."""
 
 import logging
 import random
@@ -14,7 +15,7 @@ import torch
 
 from engine import paged_attention_cpu
 from engine.paged_attention_reference import paged_attention_reference
-from tests.helpers.paged_attention_cases import error_bound, paged_batch
+from tests.helpers.paged_attention_cases import MIXED, error_bound, paged_batch, random_specs
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -23,15 +24,14 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 def kernel():
     module = paged_attention_cpu.cpu_kernel()
     assert module is not None, "the CPU kernel did not build (see the warning logged)"
-    return paged_attention_cpu.paged_decode_attention
+    return paged_attention_cpu.paged_attention_cpu
 
 
 def run(kernel, args):
     """The kernel on paged_batch's arguments (its caches are [slots, kv_heads, head_dim]; the
     engine's are heads first)."""
-    q, k_cache, v_cache, block_tables, _, seq_lens, block_size, scale = args
-    return kernel(q, k_cache.transpose(0, 1).contiguous(), v_cache.transpose(0, 1).contiguous(), block_tables, seq_lens,
-                  block_size, scale)
+    q, k_cache, v_cache, *tables_and_sizes = args
+    return kernel(q, k_cache.transpose(0, 1).contiguous(), v_cache.transpose(0, 1).contiguous(), *tables_and_sizes)
 
 
 def assert_matches_reference(actual, args):
@@ -69,18 +69,28 @@ def test_more_query_heads_per_kv_head_than_the_vector_paths_hold(kernel, dtype):
     assert_matches_reference(run(kernel, args), args)
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("group", [1, 3, 4])
+def test_a_mixed_batch_matches_the_reference(kernel, group, block_size, dtype):
+    """Decodes, a whole prompt, later slices whose first row starts mid-block, a sequence with no
+    rows this step."""
+    args = paged_batch(MIXED, group, 64, block_size, dtype, seed=group * 100 + block_size)
+    assert_matches_reference(run(kernel, args), args)
+
+
+@pytest.mark.parametrize("seed", range(6))
 def test_random_batches_match_the_reference(kernel, seed):
     rng = random.Random(seed)
     group, block_size, dtype = rng.choice([1, 2, 3, 4, 8]), rng.choice([16, 32]), rng.choice(DTYPES)
-    lengths = [rng.randint(1, 600) for _ in range(rng.randint(1, 12))]
-    args = paged_batch(decodes(lengths), group, 64, block_size, dtype, seed)
+    args = paged_batch(random_specs(rng, rng.randint(1, 8), 600), group, 64, block_size, dtype, seed)
     assert_matches_reference(run(kernel, args), args)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_long_contexts_match_the_reference(kernel, dtype):
-    args = paged_batch(decodes([3000, 1800, 2049]), 3, 64, 16, dtype, seed=3)
+    """A couple of thousand tokens: decodes, a late chunk and a whole prompt in one batch."""
+    args = paged_batch([(1, 3000), (1, 2049), (200, 1800), (512, 512)], 3, 64, 16, dtype, seed=3)
     assert_matches_reference(run(kernel, args), args)
 
 
@@ -93,6 +103,20 @@ def test_the_tables_must_be_int32(kernel):
     args = paged_batch(decodes([5]), 1, 64, 16, torch.float32, seed=0)
     args[3] = args[3].long()
     with pytest.raises(RuntimeError, match="int32"):
+        run(kernel, args)
+
+
+def test_query_starts_that_do_not_cover_q_are_refused(kernel):
+    args = paged_batch([(3, 5), (1, 9)], 1, 64, 16, torch.float32, seed=0)
+    args[4] = torch.tensor([0, 3, 3], dtype=torch.int32)  # the last row belongs to no sequence
+    with pytest.raises(RuntimeError, match="query_start"):
+        run(kernel, args)
+
+
+def test_a_context_longer_than_its_block_table_is_refused(kernel):
+    args = paged_batch(decodes([5]), 1, 64, 16, torch.float32, seed=0)
+    args[5] = torch.tensor([10_000], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="block table"):
         run(kernel, args)
 
 
@@ -116,6 +140,6 @@ def test_without_a_compiler_the_engine_keeps_the_torch_path(monkeypatch, caplog)
             assert paged_attention_cpu.cpu_kernel() is None
         assert "using the torch path" in caplog.text and "no C++ compiler found" in caplog.text
         with pytest.raises(RuntimeError, match="could not be built"):
-            paged_attention_cpu.paged_decode_attention(*([None] * 5), 16, 1.0)
+            paged_attention_cpu.paged_attention_cpu(*([None] * 6), 16, 1.0)
     finally:
         paged_attention_cpu.cpu_kernel.cache_clear()
