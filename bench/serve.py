@@ -22,6 +22,7 @@ import httpx
 import numpy as np
 from tqdm import tqdm
 
+from bench.process_cpu import CpuMeter, ProcessGone, parse_cpu_of
 from bench.serve_stats import RequestResult, highest_qps_held, holds, max_overlap, summarize
 
 # prompt token ids are drawn from here: ids that every Llama-family vocabulary (32k tokens
@@ -219,11 +220,15 @@ async def run_workload(client: httpx.AsyncClient, url: str, model: str, specs: l
     return list(results), clock()
 
 
-async def measure(client: httpx.AsyncClient, url: str, model: str, specs: list[RequestSpec], label: str) -> tuple[list[RequestResult], dict]:
-    """Run `specs` under a progress bar on stderr; (results, summary)."""
+async def measure(client: httpx.AsyncClient, url: str, model: str, specs: list[RequestSpec], label: str,
+                  cpu: CpuMeter) -> tuple[list[RequestResult], dict]:
+    """Run `specs` under a progress bar on stderr; (results, summary), the summary with the CPU
+    milliseconds per completed request of each watched process."""
+    cpu.start()
     with tqdm(total=len(specs), desc=label, unit="req", file=sys.stderr) as bar:
         results, wall_s = await run_workload(client, url, model, specs, on_done=bar.update)
-    return results, summarize(results, wall_s)
+    summary = summarize(results, wall_s)
+    return results, summary | {"cpu_ms_per_request": cpu.per_request(summary["completed"])}
 
 
 def streams_at_once(results: list[RequestResult]) -> dict:
@@ -262,6 +267,10 @@ def _check_args(args) -> list[float] | None:
         folder = os.path.dirname(os.path.abspath(args.plot))
         if not os.path.isdir(folder):
             raise BadArguments(f"--plot {args.plot}: the folder {folder} does not exist")
+    try:
+        args.cpu_watched = parse_cpu_of(args.cpu_of)
+    except (ValueError, ProcessGone) as exc:
+        raise BadArguments(f"--cpu-of: {exc}") from None
     if args.sweep is None:
         return None
     try:
@@ -295,6 +304,7 @@ def run_command(args) -> int:
 
 async def _run_mode(args, sweep: list[float] | None) -> dict:
     url = base_url(args.url)
+    cpu = CpuMeter(args.cpu_watched)
     async with http_client(args.timeout) as client:
         model = await served_model(client, url, args.model)
         longest = args.prompt_tokens[1] + (args.document_tokens if args.documents else 0)
@@ -310,7 +320,7 @@ async def _run_mode(args, sweep: list[float] | None) -> dict:
             levels = []
             for qps in sweep:
                 specs = workload(lambda rng: poisson_arrivals(qps, args.duration, rng))
-                _, summary = await measure(client, url, model, specs, f"{qps:g} QPS")
+                _, summary = await measure(client, url, model, specs, f"{qps:g} QPS", cpu)
                 levels.append({"qps": qps, **summary})
             report |= {"mode": "sweep", "duration_s": args.duration, "ttft_limit_ms": args.ttft_limit_ms,
                        "levels": levels, "highest_qps_held": highest_qps_held(levels, args.ttft_limit_ms)}
@@ -324,18 +334,18 @@ async def _run_mode(args, sweep: list[float] | None) -> dict:
             count = args.documents * args.questions
             specs = make_document_workload(poisson_times(args.qps, count, rng), args.documents, args.questions,
                                            args.document_tokens, tuple(args.prompt_tokens), tuple(args.max_tokens), rng)
-            results, summary = await measure(client, url, model, specs, f"{count} questions")
+            results, summary = await measure(client, url, model, specs, f"{count} questions", cpu)
             report |= {"mode": "documents", "qps": args.qps, "documents": args.documents, "questions": args.questions,
                        "document_tokens": args.document_tokens, **summary}
             title = f"{args.documents} documents x {args.questions} questions at {args.qps:g} QPS"
         elif args.concurrency_probe is not None:
             specs = workload(lambda rng: np.zeros(args.concurrency_probe))
-            results, summary = await measure(client, url, model, specs, f"{args.concurrency_probe} streams")
+            results, summary = await measure(client, url, model, specs, f"{args.concurrency_probe} streams", cpu)
             report |= {"mode": "concurrency-probe", "streams": args.concurrency_probe, **streams_at_once(results), **summary}
             title = f"{args.concurrency_probe} streams opened at once"
         else:
             specs = workload(lambda rng: poisson_arrivals(args.qps, args.duration, rng))
-            results, summary = await measure(client, url, model, specs, f"{args.qps:g} QPS")
+            results, summary = await measure(client, url, model, specs, f"{args.qps:g} QPS", cpu)
             report |= {"mode": "qps", "qps": args.qps, "duration_s": args.duration, **summary}
             title = f"Poisson {args.qps:g} QPS for {args.duration:g} s"
         if args.plot:
@@ -380,18 +390,28 @@ def _summary_lines(s: dict) -> list[str]:
         lines.append(f"  {name:12s}" + "".join(_ms(stats[k]) for k in ("p50", "p95", "p99", "mean", "max")))
     for kind, count in s["errors"].items():
         lines.append(f"error {kind:>8} x{count}: {s['error_examples'][kind]}")
+    if s["cpu_ms_per_request"]:
+        lines.append("CPU per request  " + ", ".join(f"{name} {_cpu_ms(ms)}" for name, ms in s["cpu_ms_per_request"].items()))
     return lines
+
+
+def _cpu_ms(ms: float | None) -> str:
+    return f"{ms:.1f} ms" if ms is not None else "-"
 
 
 def _sweep_lines(report: dict) -> list[str]:
     limit = report["ttft_limit_ms"]
-    lines = [f"sweep: Poisson arrivals for {report['duration_s']:g} s per level; held = no failure and p99 TTFT < {limit:g} ms",
-             f"{'QPS':>8}{'req/s':>9}{'TTFT p50':>10}{'p99 (ms)':>10}{'ITL p99':>9}{'failed':>8}{'503':>6}  held"]
+    watched = list(report["levels"][0]["cpu_ms_per_request"]) if report["levels"] else []
+    lines = [f"sweep: Poisson arrivals for {report['duration_s']:g} s per level; held = no failure and p99 TTFT < {limit:g} ms"
+             + (f"; CPU ms per completed request of {', '.join(watched)}" if watched else ""),
+             f"{'QPS':>8}{'req/s':>9}{'TTFT p50':>10}{'p99 (ms)':>10}{'ITL p99':>9}{'failed':>8}{'503':>6}  held"
+             + "".join(f"{name[:10]:>11}" for name in watched)]
     for level in report["levels"]:
         ttft = level["ttft_ms"]
         lines.append(f"{level['qps']:8g}{level['requests_per_s']:9.2f}{_ms(ttft['p50']):>10}{_ms(ttft['p99']):>10}"
                      f"{_ms(level['itl_ms']['p99'])}{level['failed']:8d}{level['errors_503']:6d}  "
-                     f"{'yes' if holds(level, limit) else 'no'}")
+                     f"{'yes' if holds(level, limit) else 'no ':4}"
+                     + "".join(f"{_cpu_ms(ms):>11}" for ms in level["cpu_ms_per_request"].values()))
     best = report["highest_qps_held"]
     lines.append(f"highest QPS held at p99 TTFT < {limit:g} ms: " + (f"{best:g}" if best is not None else "none of these levels"))
     return lines

@@ -80,6 +80,9 @@ def register(subparsers) -> None:
     p.add_argument("--document-tokens", type=int, default=2000, help="tokens per document (default 2000)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--plot", metavar="FILE", help="write a PNG of the latencies (or of the sweep)")
+    p.add_argument("--cpu-of", action="append", default=[], metavar="NAME=PID",
+                   help="also report the CPU time per completed request of process PID (its own threads, not its "
+                   "children) under NAME, e.g. gateway=1234; repeatable; Linux (/proc) only")
     p.set_defaults(handler=run_serve_bench)
     register_prefix_index(kinds)
 

@@ -7,6 +7,7 @@ benchmark saw."""
 import asyncio
 import json
 import math
+import os
 import re
 import signal
 import subprocess
@@ -28,6 +29,7 @@ from bench.serve import (
     poisson_times,
     stream_completion,
 )
+from bench.process_cpu import CpuMeter, cpu_seconds
 from bench.serve_stats import RequestResult, cached_share, highest_qps_held, max_overlap, percentile, summarize
 from k25.cli import main
 from proto import k25_pb2
@@ -134,6 +136,24 @@ def test_summary_without_a_success_has_no_latencies():
     assert s["errors"] == {"ConnectError": 1} and s["errors_503"] == 0
 
 
+def test_cpu_seconds_agree_with_the_process_own_clock():
+    """/proc's count for this process against Python's time.process_time (the same user + system
+    time, read another way), around a loop that runs until that clock has moved 0.2 s."""
+    tick = 1 / os.sysconf("SC_CLK_TCK")
+    before, clock = cpu_seconds(os.getpid()), time.process_time()
+    while time.process_time() - clock < 0.2:
+        pass
+    used, clock_used = cpu_seconds(os.getpid()) - before, time.process_time() - clock
+    assert abs(used - clock_used) <= 2 * tick + 0.01, (used, clock_used)
+
+
+def test_cpu_per_request_divides_by_what_completed():
+    meter = CpuMeter({"me": os.getpid()})
+    meter.start()
+    assert set(meter.per_request(0)) == {"me"} and meter.per_request(0)["me"] is None
+    assert meter.per_request(4)["me"] >= 0
+
+
 def test_max_overlap():
     assert max_overlap([]) == 0
     assert max_overlap([(0, 2), (2, 4)]) == 1  # one ends as the next starts
@@ -228,6 +248,8 @@ def test_cached_share_counts_only_what_the_server_reported():
     (["--qps", "1", "--url", "localhost:8000"], "not an http:// or https:// URL"),
     (["--concurrency-probe", "2", "--documents", "2"], "--documents needs --qps"),
     (["--qps", "1", "--documents", "2", "--questions", "0"], "must be at least 1"),
+    (["--qps", "1", "--cpu-of", "gateway"], "--cpu-of expects NAME=PID"),
+    (["--qps", "1", "--cpu-of", "gateway=999999999"], "no process 999999999"),
 ])
 def test_bad_flags_are_refused_with_a_clear_message(flags, message, capsys):
     assert main(["bench", "serve", *flags]) == 2
@@ -272,7 +294,7 @@ def test_poisson_run_reports_what_the_gateway_counted_and_draws_a_png(stack, tmp
     before = answered_200(stack)
     png = tmp_path / "serve.png"
     result = bench(stack, "--qps", "5", "--duration", "3", "--prompt-tokens", "16", "64", "--max-tokens", "4", "8",
-                   "--json", "--plot", str(png))
+                   "--json", "--plot", str(png), "--cpu-of", f"stack={stack.process.pid}")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert (report["mode"], report["model"], report["qps"], report["duration_s"]) == ("qps", "tiny-random", 5.0, 3.0)
@@ -288,6 +310,7 @@ def test_poisson_run_reports_what_the_gateway_counted_and_draws_a_png(stack, tmp
     assert report["ttft_ms"]["count"] == report["e2e_ms"]["count"] == n
     assert report["ttft_ms"]["max"] < report["e2e_ms"]["max"]
     assert "5 QPS" in result.stderr  # the progress bar
+    assert set(report["cpu_ms_per_request"]) == {"stack"} and report["cpu_ms_per_request"]["stack"] >= 0
     with Image.open(png) as image:
         assert image.format == "PNG"
         image.verify()
