@@ -59,7 +59,14 @@ MAX_FAULT_RETRIES = 1
 
 
 class EngineLost(Exception):
-    """The engine went away after the answer had started."""
+    """The engine went away, or ended the answer because it was shutting down, after the answer
+    had started: another engine may run it again from the start if none of it reached the
+    client. `error` is what a client that already has part of the answer is told."""
+
+    def __init__(self, message: str, error: OpenAIError | None = None):
+        super().__init__(message)
+        self.error = error or OpenAIError(502, "the engine serving this request went away; the answer is incomplete",
+                                          "server_error", "engine_lost")
 
 
 @dataclass
@@ -110,8 +117,10 @@ class OpenedStream:
     expected_cached_tokens: int = 0  # prompt tokens the prefix index expected this engine to hold
 
     async def messages(self) -> AsyncIterator[k25_pb2.EngineMessage]:
-        """Every response up to and including the Final; an Error raises OpenAIError, a lost
-        engine EngineLost, a passed deadline a 504."""
+        """Every response up to and including the Final. A lost engine raises EngineLost, and so
+        does an Error CANCELLED (the engine shut down before the answer was done); another
+        Error raises OpenAIError, and so does a Final ABORT (the engine stopped the request
+        unfinished: not an answer); a passed deadline raises a 504."""
         message = self.first
         while True:
             if message is ENGINE_GONE:
@@ -121,7 +130,13 @@ class OpenedStream:
             if kind == "error":
                 if message.error.code in ENGINE_FAULTS:
                     self.errors.failed(self.engine.engine_id, time.time())
-                raise from_engine_error(message.error)
+                error = from_engine_error(message.error)
+                if message.error.code == k25_pb2.CANCELLED:
+                    raise EngineLost(f"engine {self.engine.engine_id} shut down mid-answer: {error.message}", error)
+                raise error
+            if kind == "final" and message.final.finish_reason == k25_pb2.ABORT:
+                raise OpenAIError(502, "the engine stopped this request before it finished; the answer is incomplete",
+                                  "server_error", "engine_aborted")
             yield message
             if kind == "final":
                 self.errors.served(self.engine.engine_id)

@@ -6,7 +6,8 @@ import json
 from common.tokenizer import Tokenizer
 from proto import k25_pb2
 
-FINISH_REASONS = {k25_pb2.STOP: "stop", k25_pb2.LENGTH: "length", k25_pb2.ABORT: "stop"}
+# the normal ends of an answer (an ABORT is not one: dispatch.OpenedStream raises an error for it)
+FINISH_REASONS = {k25_pb2.STOP: "stop", k25_pb2.LENGTH: "length"}
 
 
 def usage_body(usage: k25_pb2.Usage) -> dict:

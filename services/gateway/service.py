@@ -25,7 +25,7 @@ from services.gateway.chunker_client import ChunkerClient
 from services.gateway.dispatch import Dispatcher, EngineLost, Job, demand_pool
 from services.gateway.engine_client import EngineConnections
 from services.gateway.engine_errors import RecentErrors
-from services.gateway.errors import OpenAIError, invalid_request, overloaded
+from services.gateway.errors import OpenAIError, internal_error, invalid_request, overloaded
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_schema import SamplingFields
 from services.gateway.kv_event_listener import KVEventListener
@@ -218,8 +218,9 @@ class Gateway:
         outcome.done(status)
 
     async def generate(self, job: Job, shape: "ReplyShape", parent_span) -> "Answer":
-        """Run `job` to its end. An engine lost on the way is replaced by another, from the
-        start: nothing has reached the client yet."""
+        """Run `job` to its end. An engine lost on the way, or one that shut down before the
+        answer was done, is replaced by another, from the start: nothing has reached the
+        client yet."""
         outcome = self._begin(job, shape.chat, parent_span)
         try:
             answer = await self._generate(job, shape, outcome)
@@ -248,9 +249,9 @@ class Gateway:
                         answer.final = message.final
                         outcome.finished(message.final)
                 return answer
-            except EngineLost:
+            except EngineLost as exc:
                 lost.add(opened.engine.engine_id)
-                log.warning("engine %s lost request %s; starting it again elsewhere", opened.engine.engine_id, job.request_id)
+                log.warning("request %s: %s; starting it again elsewhere", job.request_id, exc)
                 if len(lost) > MAX_ENGINE_LOSSES:
                     raise overloaded("the engines serving this request went away; try again") from None
             finally:
@@ -308,9 +309,14 @@ class Gateway:
             yield sse("[DONE]")
             status = 200
         except (OpenAIError, EngineLost) as exc:
-            error = exc if isinstance(exc, OpenAIError) else OpenAIError(
-                502, "the engine serving this request went away; the answer is incomplete", "server_error", "engine_lost")
+            error = exc.error if isinstance(exc, EngineLost) else exc
             log.warning("request %s ended with an error mid-stream: %s", job.request_id, exc)
+            status = error.status
+            yield sse(error.body())
+        except Exception:  # the gateway's own failure: the client gets an error event, the details go to the log
+            request_id = current_request_id()
+            log.exception("request %s (%s) failed mid-stream", request_id, job.request_id)
+            error = internal_error(500, "the gateway failed on this request", "internal_error", request_id)
             status = error.status
             yield sse(error.body())
         finally:
