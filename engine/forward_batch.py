@@ -6,13 +6,12 @@ building is numpy over the whole batch (no Python call per token), and the block
 come from rows kept across steps (engine.block_tables), so host work per step grows with
 the number of sequences and of new tokens, not with context length.
 
-The CUDA and CPU kernels read the varlen layout itself. For the torch attention path (a CPU
-where the kernel could not be built) the batch also holds its plan: prefill slices one by
-one, and, on first use, the single-token queries (decodes) in groups of similar context
-length."""
+The CUDA and CPU kernels read the varlen layout itself. The torch attention path (a CPU
+where the kernel could not be built) reads its plan from the batch, built on first use:
+prefill slices one by one, and the single-token queries (decodes) in groups of similar
+context length."""
 
 from dataclasses import dataclass
-
 from functools import cached_property
 
 import numpy as np
@@ -48,16 +47,26 @@ class ForwardBatch:
     query_start: torch.Tensor  # [S + 1] int32
     seq_lens: torch.Tensor  # [S] int32
     block_tables: torch.Tensor  # [S, max blocks of the batch] int32
-    prefills: list[PrefillSlice]
     logits_rows: torch.Tensor  # [R] rows whose output is sampled, in `sampled` order
     sampled: list[Sequence]  # sequences that get a new token from this step
     block_size: int  # tokens per KV block
     lora: LoRABatch | None = None  # each token's adapter slot; None when every token is for the base model
 
+    # the torch attention path's plan (CPU tensors only), built on first use, once per step
+
+    @cached_property
+    def prefills(self) -> list[PrefillSlice]:
+        """The prefill slices (more than one query row), one by one."""
+        starts, seq_lens, tables = self.query_start.numpy(), self.seq_lens.numpy(), self.block_tables.numpy()
+        return [
+            PrefillSlice(int(starts[i]), int(starts[i + 1] - starts[i]), int(seq_lens[i]),
+                         torch.from_numpy(tables[i, : -(-seq_lens[i] // self.block_size)].astype(np.int64)))
+            for i in np.flatnonzero(np.diff(starts) > 1)
+        ]
+
     @cached_property
     def decode_groups(self) -> list[DecodeGroup]:
-        """The single-token queries (decodes) in groups of similar context length, for the torch
-        attention path (CPU tensors only): built on first use, once per step."""
+        """The single-token queries (decodes) in groups of similar context length."""
         starts, seq_lens, tables = self.query_start.numpy(), self.seq_lens.numpy(), self.block_tables.numpy()
         groups = _similar_lengths(np.flatnonzero(np.diff(starts) == 1), seq_lens)
         return [
@@ -101,11 +110,6 @@ def build_forward_batch(items: list[tuple[Sequence, int]], tables: BlockTables, 
     def tensor(array, dtype=None) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(device=device, dtype=dtype, non_blocking=True)
 
-    decode = counts_np == 1
-    prefills = [
-        PrefillSlice(int(query_start[i]), counts[i], int(seq_lens[i]), tensor(block_tables[i, : -(-seq_lens[i] // block_size)], torch.long))
-        for i in np.flatnonzero(~decode)
-    ]
     token_slots = np.repeat(lora_slots, counts_np)
     return ForwardBatch(
         input_ids=torch.tensor(input_ids, dtype=torch.long).to(device, non_blocking=True),
@@ -114,7 +118,6 @@ def build_forward_batch(items: list[tuple[Sequence, int]], tables: BlockTables, 
         query_start=tensor(query_start),
         seq_lens=tensor(seq_lens, torch.int32),
         block_tables=tensor(block_tables),
-        prefills=prefills,
         logits_rows=torch.tensor(logits_rows, dtype=torch.long).to(device, non_blocking=True),
         sampled=sampled,
         block_size=block_size,
