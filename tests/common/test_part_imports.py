@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import tomllib
+from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
@@ -102,12 +103,24 @@ def installed_closure(requirements: list[Requirement]) -> set[str]:
     return closure
 
 
+def vendored_by(distribution: str) -> str | None:
+    """The distribution that carries `distribution` inside its own package (setuptools ships
+    jaraco.* under setuptools/_vendor, found once setuptools is imported), or None."""
+    root = Path(importlib.metadata.distribution(distribution).locate_file(""))
+    if "site-packages" not in root.parts:
+        return None
+    inside = root.parts[root.parts.index("site-packages") + 1 :]
+    return canonicalize_name(inside[0]) if inside else None
+
+
 def blocked_names(extras: list[str]) -> list[str]:
-    """Top-level import names of installed distributions that this part must not use."""
+    """Top-level import names of installed distributions that this part must not use (what an
+    allowed distribution vendors comes with it)."""
     allowed = installed_closure(requirements_of(extras))
     return sorted(name for name, dists in importlib.metadata.packages_distributions().items()
                   if name not in FIRST_PARTY and name not in sys.stdlib_module_names and name.isidentifier()
-                  and not {canonicalize_name(d) for d in dists} & allowed)
+                  and not {canonicalize_name(d) for d in dists} & allowed
+                  and not all(vendored_by(d) in allowed for d in dists))
 
 
 # --- what a part's modules import, read from their source --------------------------------------
