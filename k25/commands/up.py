@@ -27,6 +27,7 @@ from common.zmq_curve import ENV as CURVE_ENV, new_secret_key
 from k25.restart_policy import describe_exit
 
 STARTUP_TIMEOUT_S = 300
+DEFAULT_POOL = ("default", 256)  # (name, chunk_size) when no --pool is given
 # what stop_all ends first: engines drain while the gateway can still stream their answers
 ENGINES, FRONT, REDIS = 0, 1, 2
 # beyond an engine's drain timeout, before SIGKILL: its last answers and the unregistering
@@ -45,7 +46,9 @@ def _pool(spec: str) -> tuple[str, int]:
 def register(subparsers) -> None:
     p = subparsers.add_parser("up", help="run the whole stack locally (Redis, engines, chunker, gateway)", description=__doc__)
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"smollm2-135m, tiny-random, a .gguf file or a folder (default {DEFAULT_MODEL})")
-    p.add_argument("--engines", type=int, default=1, help="engine processes per pool (default 1; the minimum with --autoscale)")
+    p.add_argument("--engines", type=int, default=1,
+                   help="engine processes per pool (default 1; the minimum with --autoscale, where 0 starts each pool "
+                   "empty and its first requests wake it)")
     p.add_argument("--pool", dest="pools", type=_pool, action="append", metavar="NAME=CHUNK_SIZE",
                    help="an engine pool and its chunk_size; repeatable (default default=256)")
     p.add_argument("--host", default="127.0.0.1", help="gateway address (default 127.0.0.1)")
@@ -203,6 +206,8 @@ class LocalStack:
         args = self.args
         argv = [*self._k25, "gateway", "--host", args.host, "--port", str(args.port), "--model", args.model,
                 "--redis-url", self.redis_url, "--release", args.release, "--chunker-address", chunker_address]
+        for name, chunk_size in args.pools or [DEFAULT_POOL]:  # known with no engine yet: demand wakes a pool at zero
+            argv += ["--pool", f"{name}={chunk_size}"]
         if args.api_keys_file:
             argv += ["--api-keys-file", args.api_keys_file]
         self.group.spawn("gateway", argv, FRONT, STOP_GRACE_S, self._transport_env)
@@ -221,7 +226,7 @@ class LocalStack:
 
 
 def run(args) -> int:
-    pools = args.pools or [("default", 256)]
+    pools = args.pools or [DEFAULT_POOL]
     problem = _bad_flags(args, pools)
     if problem:
         print(f"k25 up: {problem}", file=sys.stderr)
@@ -278,8 +283,8 @@ def _supervise(stack: LocalStack, pools) -> None:
 
 
 def _bad_flags(args, pools) -> str | None:
-    if args.engines < 1:
-        return "--engines must be at least 1"
+    if args.engines < 0 or (args.engines == 0 and not args.autoscale):
+        return "--engines must be at least 1 (0 only with --autoscale, which starts a pool's first engine on demand)"
     if args.drain_timeout_s < 0:
         return "--drain-timeout-s must not be negative"
     if args.autoscale and args.max_engines < args.engines:

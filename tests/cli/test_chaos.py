@@ -6,7 +6,9 @@ each scenario prints what its load saw (`pytest -s` shows it):
     gateway takes what it refuses elsewhere) and starts again; no request fails;
 (b) an engine gets SIGKILL: only the streams it was running end, each with an error event;
     nothing hangs, and it starts again;
-(c) Redis is restarted (empty): the engines register again; no request fails.
+(c) Redis is restarted (empty): the engines register again; no request fails;
+(e) a pool at zero engines (`k25 up --engines 0 --autoscale`) gets load: its requests wait
+    while their own demand starts the first engine; no request fails.
 
 Each scenario begins with the whole stack serving and ends once the hurt part is back and
 the load has gone on past that.
@@ -24,7 +26,7 @@ import openai
 import pytest
 
 from tests.helpers.engine_process import wait_until
-from tests.helpers.gateway_process import http_json
+from tests.helpers.gateway_process import http_json, start_stack
 from tests.helpers.up_stack import incarnation, part_pid, redis_client, two_engine_stack
 
 pytestmark = pytest.mark.slow
@@ -160,3 +162,21 @@ def test_a_restarted_redis_fails_no_request(stack):
 
     load, _ = under_load(stack, "(c) Redis restart", lambda: os.kill(part_pid(stack, "redis"), signal.SIGTERM), back)
     assert load.failed() == []
+
+
+@pytest.fixture
+def empty_pool_stack(tmp_path):
+    service = start_stack(str(tmp_path / "up.log"), "--model", "tiny-random", "--engines", "0", "--autoscale",
+                          "--max-engines", "1", "--autoscale-interval-s", "0.5", "--log-dir", str(tmp_path))
+    yield service
+    service.stop(signal.SIGINT)
+
+
+def test_a_pool_at_zero_is_woken_by_its_own_demand_and_no_request_fails(empty_pool_stack):
+    stack = empty_pool_stack
+    status, _, body = http_json(f"{stack.url}/readyz", timeout_s=5)
+    assert (status, body["engines"]) == (200, 0)  # serving, with no engine yet
+    with Load(stack.url, "(e) scale from zero") as load:
+        wait_until(lambda: load.completed() >= STEADY_COMPLETIONS, timeout_s=RECOVERY_TIMEOUT_S, what="the load flowing")
+    assert load.failed() == []
+    assert incarnation(redis_client(stack), "engine-default-0") is not None  # the engine its demand started

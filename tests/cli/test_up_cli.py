@@ -24,6 +24,7 @@ def test_without_redis_server_it_says_what_to_do():
     (["--pool", "short"], "expected NAME=CHUNK_SIZE"),
     (["--pool", "short=0"], "expected NAME=CHUNK_SIZE"),
     (["--engines", "0"], "--engines must be at least 1"),
+    (["--engines", "-1", "--autoscale"], "--engines must be at least 1"),
     (["--drain-timeout-s", "-1"], "--drain-timeout-s must not be negative"),
     (["--pool", "a=64", "--pool", "a=128"], "each --pool needs its own name"),
     (["--autoscale", "--engines", "3", "--max-engines", "2"], "--max-engines must be at least --engines"),
