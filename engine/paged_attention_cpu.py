@@ -1,6 +1,10 @@
 """The CPU paged-attention kernel (engine/csrc/paged_attention_cpu.cpp), compiled at first use
-for the CPU it runs on and cached by torch (under TORCH_EXTENSIONS_DIR, by default
-~/.cache/torch_extensions): about 25 s the first time on 2 cores, a load after that.
+for the CPU it runs on and cached (under TORCH_EXTENSIONS_DIR, by default
+~/.cache/torch_extensions, in a folder per CPU, source and flags): about 25 s the first time
+on 2 cores, a load after that. Processes that start together wait for one build; a process
+killed mid-build leaves torch's lock file behind, which would make every later start wait
+forever, so the build runs under a lock the kernel releases when its holder dies, and that
+lock's holder clears torch's.
 
 One call attends a whole step (the varlen layout of engine/forward_batch.py, as the Triton
 kernel reads it): each K/V row read in place, where the torch path gathers every decode's
@@ -8,9 +12,11 @@ and later slice's blocks per layer and runs SDPA per first slice (engine/attenti
 it). Where it cannot be built (no C++ compiler, no Python headers) the engine keeps the torch
 path and says so once."""
 
+import fcntl
 import functools
 import hashlib
 import logging
+import os
 import platform
 import time
 from pathlib import Path
@@ -26,15 +32,27 @@ FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-m
          "-fno-signed-zeros", "-fassociative-math", "-freciprocal-math"]
 
 
-def _cpu_tag() -> str:
-    """A short digest of this CPU's model and feature flags: a build for another CPU (a cache
-    directory shared between machines) is never loaded here."""
+def _build_tag() -> str:
+    """A short digest of this CPU's model and feature flags, the source and the flags: a build
+    for another CPU (a cache folder shared between machines) or of another source (another
+    checkout) is never loaded here, nor rebuilt in the same folder."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
         described = "\n".join(sorted({line for line in lines if line.startswith(("flags", "model name", "Features", "CPU part"))}))
     except OSError:
         described = platform.processor() + platform.machine()
-    return hashlib.blake2b(described.encode(), digest_size=6).hexdigest()
+    digest = hashlib.blake2b(described.encode() + SOURCE.read_bytes() + " ".join(FLAGS).encode(), digest_size=6)
+    return digest.hexdigest()
+
+
+def kernel_name() -> str:
+    return f"k25_paged_attention_cpu_{_build_tag()}"
+
+
+def build_directory() -> Path:
+    """Where this machine's build of this source lives (torch's extension root)."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torch_extensions"
+    return Path(root) / kernel_name()
 
 
 @functools.cache
@@ -43,9 +61,14 @@ def cpu_kernel():
     from torch.utils.cpp_extension import load
 
     started = time.monotonic()
+    directory = build_directory()
     try:
-        module = load(name=f"k25_paged_attention_cpu_{_cpu_tag()}", sources=[str(SOURCE)], extra_cflags=FLAGS,
-                      extra_ldflags=["-fopenmp"])
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(directory / "k25.flock", "w") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)  # released by the kernel if this process dies
+            (directory / "lock").unlink(missing_ok=True)  # torch's, left by a process killed mid-build
+            module = load(name=directory.name, sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+                          build_directory=str(directory))
     except Exception as exc:  # no compiler, no headers, an unsupported -march: the torch path still works
         log.warning("CPU attention kernel unavailable, using the torch path (slower decode): %s", exc)
         return None

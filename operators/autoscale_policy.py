@@ -134,8 +134,10 @@ def _within_tolerance(rules: ScalingRules, seen: PoolObservation, wanted: int) -
 
 def _ready_pods_carry(rules: ScalingRules, seen: PoolObservation) -> bool:
     """The ready pods alone serve the load below target, by half the tolerance (so that a
-    released pod is not asked for again at the next wobble of the load)."""
-    return seen.qps <= seen.ready_replicas * rules.target_qps_per_replica * (1 - rules.tolerance / 2)
+    released pod is not asked for again at the next wobble of the load). No ready pod carries
+    anything: a pool woken from zero keeps its first pod while it starts, though the QPS of
+    its first requests, which wait for that pod, has left the window."""
+    return seen.ready_replicas > 0 and seen.qps <= seen.ready_replicas * rules.target_qps_per_replica * (1 - rules.tolerance / 2)
 
 
 def _stabilise(rules: ScalingRules, now: float, current: int, history: tuple[Recommendation, ...]) -> int:

@@ -2,6 +2,7 @@
 
 import argparse
 import logging
+import os
 import socket
 import sys
 import threading
@@ -44,6 +45,9 @@ def register(subparsers) -> None:
     lora.add_argument("--lora-kernel", default="torch", choices=["torch", "triton"], help="the LoRA delta's kernel (default torch)")
     lora.add_argument("--inject-fault", action="append", default=[], metavar="NAME@VERSION",
                       help="fail every request for this adapter version with INTERNAL (for testing canary rollbacks)")
+    p.add_argument("--inject-step-failures-while", metavar="PATH",
+                   help="every step fails, as a failing forward pass would, while the file PATH exists; {engine_id} in "
+                   "PATH stands for this engine's id (for chaos tests of one engine among several)")
     p.add_argument("--pool", default="default", help="the pool this engine serves (default 'default')")
     p.add_argument("--zmq-port", type=int, default=5555, help="ROUTER port (default 5555)")
     p.add_argument("--bind-address", default="0.0.0.0",
@@ -139,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     engine_id = args.engine_id or f"{socket.gethostname()}-{server.port}"
+    if args.inject_step_failures_while:
+        engine.before_forward = _fail_steps_while(args.inject_step_failures_while.replace("{engine_id}", engine_id))
     profile = EngineProfile(
         engine_id=engine_id,
         address=f"{args.advertise_host}:{server.port}",
@@ -223,3 +229,13 @@ def invalid_flags(args: argparse.Namespace) -> str:
     if args.max_frame_bytes < 1:
         return f"--max-frame-bytes must be at least 1, got {args.max_frame_bytes}"
     return ""
+
+
+def _fail_steps_while(path: str):
+    """The engine's before-forward hook for --inject-step-failures-while."""
+
+    def check(_batch) -> None:
+        if os.path.exists(path):
+            raise RuntimeError(f"injected step failure ({path} exists)")
+
+    return check

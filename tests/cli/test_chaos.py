@@ -7,6 +7,9 @@ each scenario prints what its load saw (`pytest -s` shows it):
 (b) an engine gets SIGKILL: only the streams it was running end, each with an error event;
     nothing hangs, and it starts again;
 (c) Redis is restarted (empty): the engines register again; no request fails;
+(d) an engine's every step fails (--inject-step-failures-while): within a heartbeat it says
+    it is unhealthy and gets no more traffic; only streams it was running when its steps
+    began to fail end (with an error event), and it serves again once its steps work;
 (e) a pool at zero engines (`k25 up --engines 0 --autoscale`) gets load: its requests wait
     while their own demand starts the first engine; no request fails.
 
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 import openai
 import pytest
 
+from common.redis_keys import live_engines
 from tests.helpers.engine_process import wait_until
 from tests.helpers.gateway_process import http_json, start_stack
 from tests.helpers.up_stack import incarnation, part_pid, redis_client, two_engine_stack
@@ -102,9 +106,17 @@ class Load:
               + (f" ({', '.join(f'{n} {r}' for r, n in failures.items())})" if failures else ""))
 
 
+# while this file exists in the stack's log folder, that engine's every step fails
+FAULT_FILE = "fail-steps-{engine_id}"
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    yield from two_engine_stack(tmp_path_factory, "chaos")
+    faults = tmp_path_factory.mktemp("faults")
+    stack_flags = [f"--engine-flag=--inject-step-failures-while={faults / FAULT_FILE}"]
+    for service in two_engine_stack(tmp_path_factory, "chaos", *stack_flags):
+        service.faults = faults
+        yield service
 
 
 def whole(stack) -> bool:
@@ -162,6 +174,29 @@ def test_a_restarted_redis_fails_no_request(stack):
 
     load, _ = under_load(stack, "(c) Redis restart", lambda: os.kill(part_pid(stack, "redis"), signal.SIGTERM), back)
     assert load.failed() == []
+
+
+def test_an_engine_whose_every_step_fails_loses_its_traffic_and_nothing_fails_after(stack):
+    client = redis_client(stack)
+    fault = stack.faults / FAULT_FILE.format(engine_id="engine-default-0")
+    noticed_at = []
+
+    def unhealthy() -> bool:  # the engine's own heartbeat says so: the gateway routes by that
+        entry = live_engines(client, "k25").get("engine-default-0") or {}
+        if entry.get("healthy") is False and not noticed_at:
+            noticed_at.append(time.monotonic())
+        return bool(noticed_at)
+
+    try:
+        load, hurt_at = under_load(stack, "(d) every step of an engine fails", fault.touch, unhealthy)
+    finally:
+        fault.unlink(missing_ok=True)
+    failed = load.failed()
+    assert all(o.result.startswith("error event") and o.started < hurt_at for o in failed), failed
+    assert len(failed) <= SENDERS  # at most the stream each sender had on that engine
+    assert sum(o.result == "completed" and o.started > noticed_at[0] for o in load.outcomes) >= STEADY_COMPLETIONS
+    wait_until(lambda: (live_engines(client, "k25").get("engine-default-0") or {}).get("healthy") is True,
+               timeout_s=RECOVERY_TIMEOUT_S, what="the engine healthy again once its steps work")
 
 
 @pytest.fixture

@@ -9,6 +9,8 @@ and makes one pass over the keys."""
 
 import logging
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -125,6 +127,16 @@ def test_a_query_head_count_that_is_not_a_multiple_of_the_kv_heads_is_refused(ke
     args[0] = torch.cat([args[0], args[0][:, :1]], dim=1)  # 3 query heads over 2 KV heads
     with pytest.raises(RuntimeError, match="GQA"):
         run(kernel, args)
+
+
+def test_a_lock_left_by_a_process_killed_mid_build_does_not_stop_the_next_start(kernel):
+    """torch waits as long as its lock file exists; one left behind would hang every later
+    engine start on this machine (seen after a build was killed)."""
+    (paged_attention_cpu.build_directory() / "lock").touch()
+    started = subprocess.run([sys.executable, "-c", "from engine.paged_attention_cpu import cpu_kernel; assert cpu_kernel()"],
+                             capture_output=True, text=True, timeout=600)
+    assert started.returncode == 0, started.stderr
+    assert not (paged_attention_cpu.build_directory() / "lock").exists()
 
 
 def test_without_a_compiler_the_engine_keeps_the_torch_path(monkeypatch, caplog):

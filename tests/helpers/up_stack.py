@@ -56,9 +56,10 @@ def process_group(pid: int) -> int:
     return int(_stat_fields(pid)[2])
 
 
-def two_engine_stack(tmp_path_factory, name: str):
-    """A module fixture's body: `k25 up --model tiny-random --engines 2`, stopped with Ctrl-C after."""
+def two_engine_stack(tmp_path_factory, name: str, *flags: str):
+    """A module fixture's body: `k25 up --model tiny-random --engines 2 FLAGS`, stopped with Ctrl-C
+    after; its log folder holds up.log and each part's log."""
     folder = tmp_path_factory.mktemp(name)
-    service = start_stack(str(folder / "up.log"), "--model", "tiny-random", "--engines", "2", "--log-dir", str(folder))
+    service = start_stack(str(folder / "up.log"), "--model", "tiny-random", "--engines", "2", "--log-dir", str(folder), *flags)
     yield service
     service.stop(signal.SIGINT)

@@ -96,6 +96,16 @@ def test_starting_pods_the_load_no_longer_needs_are_released():
     assert (decision.replicas, decision.reason) == (6, "StartingPodsReleased")
 
 
+def test_a_pool_woken_from_zero_keeps_its_first_pod_while_it_starts():
+    """Its first requests wait for that pod, and their QPS has left the window: releasing it
+    would leave the waiting requests with no engine (seen under k25 up on a busy machine)."""
+    rules = ScalingRules(min_replicas=0, max_replicas=4)
+    woken = decide(rules, seen(0, 3.0, ready=0), ())
+    assert (woken.replicas, woken.reason) == (1, "ScaledUp")
+    quiet = decide(rules, seen(1, 0.0, ready=0, now=1010.0), woken.history)
+    assert (quiet.replicas, quiet.reason) == (1, "ScaleDownStabilising")
+
+
 def test_starting_pods_are_kept_while_the_ready_ones_would_be_busy():
     decision = decide(RULES, seen(10, 470, ready=6), covered(10))  # 78 per ready pod
     assert (decision.replicas, decision.reason) == (10, "ScaleDownStabilising")
