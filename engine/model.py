@@ -13,8 +13,8 @@ from engine.base.model_config import ModelConfig
 from engine.forward_batch import ForwardBatch
 from engine.kv_cache import KVCache
 from engine.linear import Weight
-from engine.paged_attention_cpu import cpu_kernel
 from engine.lora.slots import LoRASlots
+from engine.paged_attention_cpu import cpu_kernel
 from engine.rope import RotaryEmbedding, apply_rotary
 
 

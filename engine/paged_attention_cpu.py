@@ -45,14 +45,11 @@ def _build_tag() -> str:
     return digest.hexdigest()
 
 
-def kernel_name() -> str:
-    return f"k25_paged_attention_cpu_{_build_tag()}"
-
-
 def build_directory() -> Path:
-    """Where this machine's build of this source lives (torch's extension root)."""
+    """Where this machine's build of this source lives (in torch's extension root); its name is
+    the module's."""
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torch_extensions"
-    return Path(root) / kernel_name()
+    return Path(root) / f"k25_paged_attention_cpu_{_build_tag()}"
 
 
 @functools.cache

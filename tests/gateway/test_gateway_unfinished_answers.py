@@ -9,6 +9,7 @@ import json
 import logging
 import re
 import signal
+import time
 
 import pytest
 import redis
@@ -74,9 +75,15 @@ def open_request(gateway: Gateway):
     return connection, request_id
 
 
+FIRST_TOKEN_TIMEOUT_S = 120  # far beyond a tiny model's first token on a busy machine: a request this slow has hung
+
+
 async def first_token(gateway: Gateway):
     """Once the gateway has the first token of its one open request: that request's connection and id."""
+    deadline = time.monotonic() + FIRST_TOKEN_TIMEOUT_S
     while not sum(s.value for m in gateway.metrics.ttft.collect() for s in m.samples if s.name.endswith("_count")):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no first token within {FIRST_TOKEN_TIMEOUT_S} s")
         await asyncio.sleep(0.01)
     return open_request(gateway)
 
