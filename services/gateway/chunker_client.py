@@ -70,8 +70,9 @@ class ChunkerClient:
         answer = asyncio.get_running_loop().create_future()
         self._pending[request_id] = answer
         try:
-            response = await asyncio.wait_for(self._exchange(request.SerializeToString(), answer), self.timeout_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(self.timeout_s):  # not wait_for: it can drop a cancel (engine_client.py)
+                response = await self._exchange(request.SerializeToString(), answer)
+        except TimeoutError:
             raise ChunkerError("DEADLINE_EXCEEDED", f"no answer from the chunker at {self.address} within {self.timeout_s} s") from None
         finally:
             self._pending.pop(request_id, None)

@@ -40,7 +40,11 @@ class EngineStream:
         self.finished = False  # a Final or Error arrived, or the engine went away
 
     async def next(self, timeout_s: float | None):
-        item = await asyncio.wait_for(self.queue.get(), timeout_s)
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the item and drops a
+        # cancel that lands in the loop turn the item arrives in, so a request whose client
+        # left (or whose sibling note failed) would stream on to its end
+        async with asyncio.timeout(timeout_s):
+            item = await self.queue.get()
         if item is ENGINE_GONE or item.WhichOneof("kind") in ("final", "error"):
             self.finished = True
         return item
@@ -70,6 +74,9 @@ class EngineConnection:
         self.socket.setsockopt(zmq.RECONNECT_IVL, 200)
         if curve_secret_key:
             make_client(self.socket, curve_secret_key)
+        # sends go through a plain socket over the same one: the asyncio socket's send never
+        # raises (a refused NOBLOCK send becomes the exception of a future nobody reads)
+        self._sender = zmq.Socket.shadow(self.socket.underlying)
         self._monitor = self.socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         self.socket.connect(f"tcp://{address}")
         self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._watch())]
@@ -78,13 +85,14 @@ class EngineConnection:
         if request.request_id in self.streams:
             raise ValueError(f"request {request.request_id} is already open on {self.address}")
         try:
-            await asyncio.wait_for(self.connected.wait(), connect_timeout_s)
+            async with asyncio.timeout(connect_timeout_s):
+                await self.connected.wait()
         except TimeoutError:
             raise EngineUnavailable(f"engine {self.address} is not connected") from None
         stream = EngineStream(self, request.request_id)
         self.streams[request.request_id] = stream
         try:
-            self.socket.send(k25_pb2.ClientMessage(generate=request).SerializeToString(), zmq.NOBLOCK)
+            self._sender.send(k25_pb2.ClientMessage(generate=request).SerializeToString(), zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             del self.streams[request.request_id]
             raise EngineUnavailable(f"engine {self.address} refused the message: {exc}") from None
@@ -94,7 +102,7 @@ class EngineConnection:
         """Best effort and never blocking: the engine also aborts requests of a vanished peer."""
         message = k25_pb2.ClientMessage(cancel=k25_pb2.CancelRequest(request_id=request_id))
         try:
-            self.socket.send(message.SerializeToString(), zmq.NOBLOCK)
+            self._sender.send(message.SerializeToString(), zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             log.warning("could not send cancel for %s to %s: %s", request_id, self.address, exc)
 

@@ -41,7 +41,8 @@ class RegistryView:
     async def wait_for_refresh(self, timeout_s: float) -> None:
         """Return after the next refresh, or after `timeout_s`, whichever comes first."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._refreshed.wait(), max(0.0, timeout_s))
+            async with asyncio.timeout(max(0.0, timeout_s)):  # not wait_for: it can drop a cancel (engine_client.py)
+                await self._refreshed.wait()
 
     async def refresh(self) -> None:
         try:

@@ -9,7 +9,7 @@ import zmq
 import zmq.asyncio
 
 from proto import k25_pb2
-from services.gateway.engine_client import EngineConnection
+from services.gateway.engine_client import EngineConnection, EngineUnavailable
 
 
 def delta(request_id: str, *token_ids: int) -> k25_pb2.EngineMessage:
@@ -80,3 +80,55 @@ def test_unreadable_frames_and_messages_are_logged_and_dropped_and_the_reader_go
     assert logged.count("unreadable frame from engine") == 2
     assert "a message with no kind" in logged
     assert "frame is not a k25.v1.ClientMessage" in logged
+
+
+async def with_connection(engine_hwm: int, body):
+    """`body(connection, engine)` with a connection to a bare ROUTER that reads nothing unless told."""
+    context = zmq.asyncio.Context()
+    engine = context.socket(zmq.ROUTER)
+    engine.setsockopt(zmq.LINGER, 0)
+    engine.setsockopt(zmq.RCVHWM, engine_hwm)
+    port = engine.bind_to_random_port("tcp://127.0.0.1")
+    connection = EngineConnection(context, f"127.0.0.1:{port}", sndhwm=1, rcvhwm=100, linger_ms=0)
+    try:
+        return await body(connection, engine)
+    finally:
+        await connection.close()
+        engine.close()
+        context.term()
+
+
+def test_a_cancel_that_lands_with_a_message_stops_the_reader_of_the_stream():
+    """The item and the cancel arrive in the same loop turn: the reader is cancelled all the same
+    (asyncio.wait_for on Python 3.11 returned the item and dropped the cancel)."""
+    async def body(connection, engine):
+        stream = await connection.submit(k25_pb2.GenerateRequest(request_id="r1"), 10)
+        reader = asyncio.create_task(stream.next(timeout_s=60))
+        await asyncio.sleep(0)  # the reader waits on the queue
+        stream.queue.put_nowait(delta("r1", 1))
+        reader.cancel()
+        try:
+            await reader
+        except asyncio.CancelledError:
+            return "cancelled"
+        return "returned the item"
+
+    assert asyncio.run(with_connection(100, body)) == "cancelled"
+
+
+def test_a_request_the_engine_cannot_take_now_is_refused_not_lost():
+    """An engine that reads nothing fills the queue: submit then raises EngineUnavailable (the
+    asyncio socket's send had put the refusal in a future nobody read)."""
+    async def body(connection, engine):
+        payload = list(range(20_000))  # ~60 KB a request: the socket buffers fill within a few hundred
+        for n in range(2_000):
+            try:
+                await connection.submit(k25_pb2.GenerateRequest(request_id=f"r{n}", prompt_token_ids=payload), 10)
+            except EngineUnavailable as refused:
+                return n, str(refused), f"r{n}" in connection.streams
+        return None
+
+    refused = asyncio.run(with_connection(1, body))
+    assert refused is not None, "2,000 requests queued to an engine that reads nothing"
+    taken, message, left_open = refused
+    assert taken > 0 and "refused the message" in message and not left_open

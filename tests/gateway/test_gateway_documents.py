@@ -220,6 +220,7 @@ def test_a_failed_note_stops_the_engine_requests_of_the_others(stack):
     def finished(reason: str) -> float:
         return engine_sample(metrics, "k25_engine_requests_finished_total", finish_reason=reason)
 
+    wait_until(lambda: engine_sample(metrics, "k25_engine_running_requests") == 0, 60, what="the engine idle")
     aborted, lengthy = finished("abort"), finished("length")
 
     async def ask():
