@@ -45,6 +45,7 @@ class EngineStats:
     prefix_queried_tokens: int = 0
     prefix_hit_tokens: int = 0
     prefix_evicted_blocks: int = 0
+    ttft_p95_s: float | None = None  # admission to first token, over the last minute; None: no first token in it
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -73,5 +74,6 @@ def registry_entry(profile: EngineProfile, stats: EngineStats, health: HealthRep
         "prefix_caching": profile.prefix_caching,
         "incarnation": profile.incarnation,
         "prefix_cache_hit_rate": round(stats.prefix_hit_rate, 4),
+        "ttft_p95_s": None if stats.ttft_p95_s is None else round(stats.ttft_p95_s, 4),
         **health.fields(),
     }

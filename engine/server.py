@@ -52,6 +52,7 @@ from engine.health import HealthReport, HealthSettings, StepHealth
 from engine.kv_events import KVEventPublisher
 from engine.metrics import EngineMetrics
 from engine.outbox import Outbox
+from engine.recent_latency import RecentPercentile
 from engine.registry import EngineStats
 from engine.request import EngineRequest, RequestOutput
 from engine.sampling_params import SamplingParams
@@ -125,6 +126,7 @@ class EngineServer:
         self._routes: dict[str, _Route] = {}
         self.malformed_frames = 0
         self._calls: queue.SimpleQueue[tuple[Callable, Future]] = queue.SimpleQueue()
+        self.recent_ttft = RecentPercentile(0.95, window_s=60.0)  # the heartbeat's, for the autoscaler's latency guard
         self.stats = EngineStats()
         self._publish_stats()
         self.kv_events: KVEventPublisher | None = None
@@ -225,6 +227,7 @@ class EngineServer:
             prefix_queried_tokens=cache.queried_tokens,
             prefix_hit_tokens=cache.hit_tokens,
             prefix_evicted_blocks=cache.evicted_blocks,
+            ttft_p95_s=self.recent_ttft.value(time.monotonic()),
         )
         self.metrics.update_load(self.stats)
 
@@ -310,6 +313,7 @@ class EngineServer:
             if output.token_ids:
                 if route.last_token_at is None:
                     self.metrics.time_to_first_token.observe(now - route.admitted_at)
+                    self.recent_ttft.add(now, now - route.admitted_at)
                 else:
                     self.metrics.inter_token_latency.observe(now - route.last_token_at)
                 route.last_token_at = now

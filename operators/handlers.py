@@ -27,7 +27,7 @@ from common.redis_keys import QpsReading, pool_qps
 from operators.autoscale_policy import PoolObservation, decide
 from operators.config import RELEASE_LABEL, OperatorConfig
 from operators.deployment import build_deployment, deployment_name, owned_by, pod_selector
-from operators.pool_signals import pod_signals, qps_series, waiting_requests
+from operators.pool_signals import engine_signals, pod_signals, qps_series
 from operators.pool_spec import PoolSpecError, parse_pool_spec
 from operators.pool_status import build_status, foreign_deployment_status, pool_pods
 from operators.predictive_policy import decide_predictive
@@ -139,12 +139,13 @@ def _read_qps(client, config: OperatorConfig, pool: str, now: float) -> tuple[Qp
 
 
 def _read_signals(client, config: OperatorConfig, pool: str, pods: list[dict], now: float, pool_spec):
-    """The pods' signals always; the series and the queues when Redis answers (without them
-    the forecast is the observed QPS and the queue guard is off)."""
+    """The pods' signals always; the series, the queues and the TTFT when Redis answers
+    (without them the forecast is the observed QPS and the guards are off)."""
     signals = pod_signals(pods)
     try:
         series = qps_series(client, config.release, pool, now, pool_spec.predictive_rules().fit_window_s)
-        return dataclasses.replace(signals, qps_series=series, waiting=waiting_requests(client, config.release, pool))
+        waiting, ttft_p95_s = engine_signals(client, config.release, pool)
+        return dataclasses.replace(signals, qps_series=series, waiting=waiting, ttft_p95_s=ttft_p95_s)
     except redis.RedisError:
         return signals
 

@@ -1,6 +1,7 @@
 """What the predictive policy reads besides QPS: the pool's pods (how long each took from
 creation to ready, which ones the scheduler could not place), its per-second QPS series
-(the gateway's buckets) and the requests waiting in its engines (their heartbeats)."""
+(the gateway's buckets), and the requests waiting in its engines and their recent time to
+first token (their heartbeats)."""
 
 import datetime
 
@@ -33,11 +34,15 @@ def qps_series(client, release: str, pool: str, now: float, window_s: int) -> tu
     return tuple(None if value is None else float(value) for value in values)
 
 
-def waiting_requests(client, release: str, pool: str) -> int | None:
-    """Requests waiting in the pool's live engines; None when none of them reports."""
-    counts = [entry.get("waiting") for entry in live_engines(client, release).values() if entry.get("pool") == pool]
-    counts = [count for count in counts if isinstance(count, int) and not isinstance(count, bool)]
-    return sum(counts) if counts else None
+def engine_signals(client, release: str, pool: str) -> tuple[int | None, float | None]:
+    """From the pool's live engines' heartbeats: the requests waiting in them (None when none
+    reports), and the worst of their TTFT p95s over the last minute (None when none saw a
+    first token in it)."""
+    entries = [entry for entry in live_engines(client, release).values() if entry.get("pool") == pool]
+    counts = [n for n in (e.get("waiting") for e in entries) if isinstance(n, int) and not isinstance(n, bool)]
+    ttfts = [t for t in (e.get("ttft_p95_s") for e in entries)
+             if isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0]
+    return (sum(counts) if counts else None), (max(ttfts) if ttfts else None)
 
 
 def _parse(timestamp: str) -> datetime.datetime:

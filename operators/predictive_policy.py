@@ -15,9 +15,12 @@ would be ready. A pure function, built on the reactive one; no Kubernetes, no Re
 - The reactive policy (`autoscale_policy.decide`) then runs on the planned load: cooldown,
   scale-down window, step limit, [min, max], release of starting pods no longer needed, and
   holding when QPS data is missing or stale.
-- Queue guard (only adds): while more than `queue_per_replica` requests wait per ready
-  engine and every planned pod is ready, the pods serve less than the target says, and the
-  plan is one pod more than are ready (the scale-down window then keeps it like any plan). While pods
+- Queue and latency guards (only add): while more than `queue_per_replica` requests wait per
+  ready engine, or the worst engine's TTFT p95 over the last minute is above `ttft_slo_s` (when
+  the pool sets an SLO), and every planned pod is ready, the pods serve less than the target
+  says, and the plan is one pod more than are ready (the scale-down window then keeps it like
+  any plan). The TTFT window trails the load by up to a minute, less than a pod's start-up, so
+  it adds at most one pod more than the queue would have. While pods
   are missing, the pool starts extra pods, `hedge` for each pod the plan still lacks ready, at
   most `max_hedge_pods`. Start-up times are spread (one to five minutes), so the first of
   more pods are ready sooner; the extra ones go, starting ones first, as the plan's pods
@@ -44,6 +47,7 @@ class PredictiveRules:
     default_startup_s: float = 180.0
     down_tolerance: float = 0.0
     queue_per_replica: float | None = 8.0  # None: no queue guard
+    ttft_slo_s: float | None = None  # None: no latency guard
     hedge: float = 4.0  # extra pods per pod the plan still lacks ready...
     max_hedge_pods: int = 10  # ...but no more than this many
 
@@ -55,8 +59,10 @@ class PredictiveRules:
             raise ValueError("clear_trend, default_startup_s, hedge and max_hedge_pods must not be negative")
         if not 0 <= self.down_tolerance < 1:
             raise ValueError(f"down_tolerance must be in [0, 1), got {self.down_tolerance}")
-        if self.queue_per_replica is not None and not self.queue_per_replica > 0:
-            raise ValueError(f"queue_per_replica must be positive, got {self.queue_per_replica}")
+        for name in ("queue_per_replica", "ttft_slo_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be positive, got {value}")
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,7 @@ class PoolSignals:
     # complete second; None: no data for that second
     startup_s: tuple[float, ...] = ()  # creation to ready, for the pool's pods seen ready
     waiting: int | None = None  # requests waiting in the pool's engines; None: no heartbeat
+    ttft_p95_s: float | None = None  # the worst engine's, over the last minute; None: no first token in it
     unschedulable: int = 0  # the pool's pods that the scheduler could not place
 
 
@@ -114,10 +121,10 @@ def decide_predictive(rules: ScalingRules, predictive: PredictiveRules, seen: Po
     serves = seen.replicas * rules.target_qps_per_replica
     if serves < planned <= serves * (1 + rules.tolerance):
         planned = serves  # within the tolerance above target: no scale-out yet
-    queueing = _queueing(predictive, seen, signals)
-    # every planned pod is ready and requests still queue: they serve less than the target
-    # says, so one pod more than are ready (the one already starting, if any, is kept)
-    saturated = queueing and math.ceil(planned / rules.target_qps_per_replica) <= seen.ready_replicas
+    guard = _guard(predictive, seen, signals)
+    # every planned pod is ready and requests still queue (or wait too long): they serve less
+    # than the target says, so one pod more than are ready (the one already starting, if any, is kept)
+    saturated = guard is not None and math.ceil(planned / rules.target_qps_per_replica) <= seen.ready_replicas
     bumped = max(seen.replicas, seen.ready_replicas + 1) * rules.target_qps_per_replica if saturated else planned
     decision = decide(dataclasses.replace(rules, tolerance=predictive.down_tolerance),
                       dataclasses.replace(seen, qps=bumped), history)
@@ -125,10 +132,10 @@ def decide_predictive(rules: ScalingRules, predictive: PredictiveRules, seen: Po
         return decision
     replicas, reason = decision.replicas, decision.reason
     if reason in SCALED_UP and (saturated or expected.qps > seen.qps):
-        reason += "ForQueue" if saturated else "ForForecast"
-    hedged = _hedge(rules, predictive, seen, planned) if queueing else 0
+        reason += f"For{guard}" if saturated else "ForForecast"
+    hedged = _hedge(rules, predictive, seen, planned) if guard is not None else 0
     if hedged > replicas:
-        replicas, reason = hedged, "QueueGuard"
+        replicas, reason = hedged, f"{guard}Guard"
     if replicas > max(seen.replicas, rules.min_replicas) and signals.unschedulable:
         replicas, reason = max(seen.replicas, rules.min_replicas), "NodesFull"  # minReplicas still wins
     message = _describe(rules, predictive, seen, signals, expected, bumped, replicas)
@@ -136,9 +143,14 @@ def decide_predictive(rules: ScalingRules, predictive: PredictiveRules, seen: Po
                                forecast_qps=expected.qps, forecast_horizon_s=expected.horizon_s)
 
 
-def _queueing(predictive: PredictiveRules, seen: PoolObservation, signals: PoolSignals) -> bool:
-    return (predictive.queue_per_replica is not None and signals.waiting is not None
-            and signals.waiting > predictive.queue_per_replica * max(seen.ready_replicas, 1))
+def _guard(predictive: PredictiveRules, seen: PoolObservation, signals: PoolSignals) -> str | None:
+    """The guard that says the pool serves less than its target: "Queue" or "Latency"; None: neither."""
+    if (predictive.queue_per_replica is not None and signals.waiting is not None
+            and signals.waiting > predictive.queue_per_replica * max(seen.ready_replicas, 1)):
+        return "Queue"
+    if predictive.ttft_slo_s is not None and signals.ttft_p95_s is not None and signals.ttft_p95_s > predictive.ttft_slo_s:
+        return "Latency"
+    return None
 
 
 def _hedge(rules: ScalingRules, predictive: PredictiveRules, seen: PoolObservation, planned: float) -> int:
@@ -158,6 +170,8 @@ def _describe(rules: ScalingRules, predictive: PredictiveRules, seen: PoolObserv
     if signals.waiting is not None and predictive.queue_per_replica is not None:
         parts.append(f"{signals.waiting} requests waiting (guard above {predictive.queue_per_replica:g} "
                      f"per ready replica)")
+    if signals.ttft_p95_s is not None and predictive.ttft_slo_s is not None:
+        parts.append(f"TTFT p95 {signals.ttft_p95_s:.2f}s (SLO {predictive.ttft_slo_s:g}s)")
     if signals.unschedulable:
         parts.append(f"{signals.unschedulable} pods wait for a node, so the pool does not grow")
     starting = f", {seen.starting} starting" if seen.starting else ""

@@ -28,7 +28,7 @@ def test_the_entry_holds_the_facts_and_the_load():
         "max_model_len": 8192, "kv_admission_limit": 0.9, "max_waiting": 256, "heartbeat_ttl_s": 5.0,
         "free_kv_fraction": 0.75, "running": 3, "waiting": 1, "adapters": [],
         "block_size": 32, "prefix_caching": True, "incarnation": "abc", "prefix_cache_hit_rate": 0.24,
-        "healthy": True, "unhealthy_reason": "", "draining": False, "last_step_at": None, "step_failures": 0,
+        "ttft_p95_s": None, "healthy": True, "unhealthy_reason": "", "draining": False, "last_step_at": None, "step_failures": 0,
     }
     assert json.loads(json.dumps(entry)) == entry
 

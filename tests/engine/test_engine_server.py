@@ -6,6 +6,7 @@ One engine (tiny-random) serves every test of this module."""
 import hashlib
 import os
 import subprocess
+import time
 import urllib.request
 
 import psutil
@@ -203,6 +204,17 @@ def test_the_heartbeat_registers_the_engine_with_its_facts_and_a_ttl(engine):
     seconds, microseconds = engine.redis.time()
     expires_in_ms = engine.redis.zscore(engines_expiry_key(RELEASE), engine.engine_id) - (seconds * 1000 + microseconds // 1000)
     assert 0 < expires_in_ms <= 5000
+
+
+def test_the_heartbeat_carries_the_recent_ttft_p95(engine, client, prompt):
+    """Within the time the client waited for the whole answer, measured around it."""
+    message = generate_message(prompt, CHUNK, max_tokens=4)
+    started = time.monotonic()
+    send(client, message)
+    receive_until_done(client, message.generate.request_id)
+    waited = time.monotonic() - started
+    ttft = wait_until(lambda: engine.registry_entry()["ttft_p95_s"], 15, what="a TTFT p95 in the heartbeat")
+    assert 0 < ttft <= waited
 
 
 def test_metrics_serve_the_engine_families(engine):

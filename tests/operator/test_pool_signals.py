@@ -8,7 +8,7 @@ from redis.retry import Retry
 from common.redis_keys import qps_bucket_key, register_engine
 from operators.config import OperatorConfig
 from operators.handlers import _read_signals
-from operators.pool_signals import pod_signals, qps_series, startup_seconds, waiting_requests
+from operators.pool_signals import engine_signals, pod_signals, qps_series, startup_seconds
 from operators.pool_spec import parse_pool_spec
 from tests.helpers.redis_server import redis_server  # noqa: F401  (fixture)
 
@@ -53,14 +53,15 @@ def test_the_qps_series_is_the_buckets_of_the_last_complete_seconds_oldest_first
     assert qps_series(client, "r", "h100", 1000.4, window_s=4) == (None, 7.0, None, 9.0)
 
 
-def test_waiting_requests_add_up_over_the_pools_live_engines(redis_server):
+def test_waiting_requests_add_up_and_the_worst_ttft_counts_over_the_pools_live_engines(redis_server):
     client = redis.Redis.from_url(redis_server)
-    assert waiting_requests(client, "r", "h100") is None
-    register_engine(client, "r", "e1", {"pool": "h100", "waiting": 3}, ttl_s=60)
-    register_engine(client, "r", "e2", {"pool": "h100", "waiting": 4}, ttl_s=60)
-    register_engine(client, "r", "e3", {"pool": "a100", "waiting": 50}, ttl_s=60)
-    register_engine(client, "r", "e4", {"pool": "h100"}, ttl_s=60)  # an engine that does not say
-    assert waiting_requests(client, "r", "h100") == 7
+    assert engine_signals(client, "r", "h100") == (None, None)
+    register_engine(client, "r", "e1", {"pool": "h100", "waiting": 3, "ttft_p95_s": 0.4}, ttl_s=60)
+    register_engine(client, "r", "e2", {"pool": "h100", "waiting": 4, "ttft_p95_s": 2.5}, ttl_s=60)
+    register_engine(client, "r", "e3", {"pool": "a100", "waiting": 50, "ttft_p95_s": 9.0}, ttl_s=60)
+    register_engine(client, "r", "e4", {"pool": "h100", "ttft_p95_s": None}, ttl_s=60)  # no first token lately
+    register_engine(client, "r", "e5", {"pool": "h100", "waiting": True, "ttft_p95_s": "slow"}, ttl_s=60)  # garbage
+    assert engine_signals(client, "r", "h100") == (7, 2.5)
 
 
 def test_without_redis_the_signals_are_the_pods_alone():

@@ -116,6 +116,26 @@ def test_missing_or_stale_qps_holds_whatever_the_queue_and_trend_say():
     assert (stale.replicas, stale.reason) == (5, "QpsStale")
 
 
+SLO = PredictiveRules(ttft_slo_s=2.0)
+
+
+@pytest.mark.parametrize("predictive, replicas, qps, ttft, expected, reason", [
+    # first tokens take longer than the SLO with every planned pod ready: one more pod
+    (SLO, 6, 470.0, 3.0, 7, "ScaledUpForLatency"),
+    # ... and while the plan still lacks a ready pod, it hedges as the queue guard does
+    (SLO, 6, 530.0, 3.0, 11, "LatencyGuard"),
+    # within the SLO, without a first token lately, or with no SLO set: nothing changes
+    (SLO, 6, 470.0, 1.5, 6, "Steady"),
+    (SLO, 6, 470.0, None, 6, "Steady"),
+    (PREDICTIVE, 6, 470.0, 30.0, 6, "Steady"),
+])
+def test_the_latency_guard_adds_when_first_tokens_miss_the_slo(predictive, replicas, qps, ttft, expected, reason):
+    decision = decide_predictive(RULES, predictive, seen(replicas, qps), PoolSignals((qps,) * 240, ttft_p95_s=ttft),
+                                 covered(0))
+    assert (decision.replicas, decision.reason) == (expected, reason)
+    assert ttft is None or predictive.ttft_slo_s is None or f"TTFT p95 {ttft:.2f}s (SLO 2s)" in decision.message
+
+
 def test_without_engine_heartbeats_the_queue_guard_is_off():
     decision = decide_predictive(RULES, PREDICTIVE, seen(6, 530.0), PoolSignals((530.0,) * 240, waiting=None),
                                  covered(0))
@@ -144,11 +164,14 @@ def test_rules_refuse_nonsense():
         PredictiveRules(down_tolerance=1.0)
     with pytest.raises(ValueError, match="queue_per_replica"):
         PredictiveRules(queue_per_replica=0)
+    with pytest.raises(ValueError, match="ttft_slo_s"):
+        PredictiveRules(ttft_slo_s=-1.0)
 
 
 series = st.lists(st.one_of(st.none(), st.floats(0, 5000)), min_size=0, max_size=240).map(tuple)
 signals = st.builds(PoolSignals, qps_series=series, startup_s=st.lists(st.floats(0, 600), max_size=5).map(tuple),
-                    waiting=st.one_of(st.none(), st.integers(0, 10_000)), unschedulable=st.integers(0, 3))
+                    waiting=st.one_of(st.none(), st.integers(0, 10_000)), unschedulable=st.integers(0, 3),
+                    ttft_p95_s=st.one_of(st.none(), st.floats(0, 60)))
 observations = st.builds(
     lambda replicas, ready, qps, now: seen(replicas, qps, ready=min(ready, replicas), now=now),
     st.integers(0, 25), st.integers(0, 25), st.floats(0, 5000), st.floats(0, 10_000))
@@ -160,20 +183,22 @@ histories = st.lists(st.builds(Recommendation, st.floats(0, 10_000), st.integers
 @given(observations, signals, histories, st.integers(0, 5), st.integers(1, 25))
 def test_never_outside_the_bounds_nor_growing_while_pods_wait_for_nodes(observation, signal, history, low, span):
     rules = ScalingRules(min_replicas=low, max_replicas=low + span)
-    decision = decide_predictive(rules, PREDICTIVE, observation, signal, history)
-    assert rules.min_replicas <= decision.replicas <= rules.max_replicas
-    if signal.unschedulable:
-        assert decision.replicas <= max(observation.replicas, rules.min_replicas)
+    for predictive in (PREDICTIVE, SLO):
+        decision = decide_predictive(rules, predictive, observation, signal, history)
+        assert rules.min_replicas <= decision.replicas <= rules.max_replicas
+        if signal.unschedulable:
+            assert decision.replicas <= max(observation.replicas, rules.min_replicas)
 
 
 @settings(max_examples=300, deadline=None)
 @given(observations, signals, histories)
-def test_the_queue_guard_and_the_forecast_only_add(observation, signal, history):
-    """Against the same policy fed the observed QPS only, with no queue: never fewer replicas
-    (the one exception, pods waiting for nodes, only ever holds the current size)."""
-    bare = decide_predictive(RULES, PREDICTIVE, observation, PoolSignals(unschedulable=signal.unschedulable), history)
-    full = decide_predictive(RULES, PREDICTIVE, observation, signal, history)
-    assert full.replicas >= bare.replicas
+def test_the_guards_and_the_forecast_only_add(observation, signal, history):
+    """Against the same policy fed the observed QPS only, with no queue and no TTFT: never fewer
+    replicas (the one exception, pods waiting for nodes, only ever holds the current size)."""
+    for predictive in (PREDICTIVE, SLO):
+        bare = decide_predictive(RULES, predictive, observation, PoolSignals(unschedulable=signal.unschedulable), history)
+        full = decide_predictive(RULES, predictive, observation, signal, history)
+        assert full.replicas >= bare.replicas
 
 
 @settings(max_examples=200, deadline=None)
