@@ -12,10 +12,10 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm import tqdm
 
+from bench.quant_bytes import decode_weight_bytes
 from engine.base.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.kv_cache import kv_bytes_per_token
-from engine.linear import Weight
 from engine.loader import LoadedModel
 from engine.model import LlamaModel
 from engine.offline import generate, make_request
@@ -71,26 +71,20 @@ def memory_bandwidth(nbytes: int = 1 << 29, repeats: int = 5) -> float:
 
 def decode_bytes_read(model: LlamaModel, context: int) -> int:
     """What one decode step at batch 1 must read: every layer's weights and the head once (one
-    copy each, packed or plain), one row of the embedding, the context's KV."""
-    layer_bytes = 0
-    for layer in model.layers:
-        for tensor in vars(layer).values():
-            if isinstance(tensor, Weight):
-                layer_bytes += (tensor.packed if tensor.packed is not None else tensor.plain).nbytes
-            elif tensor is not None:
-                layer_bytes += tensor.nbytes
-    head = model.lm_head.packed if model.lm_head.packed is not None else model.lm_head.plain
-    return layer_bytes + head.nbytes + model.embed_tokens[0].nbytes + context * kv_bytes_per_token(model.config, model.embed_tokens.dtype)
+    copy each, packed, plain or quantised; bench/quant_bytes.py), one row of the embedding, the
+    context's KV."""
+    return sum(decode_weight_bytes(model).values()) + context * kv_bytes_per_token(model.config, model.dtype)
 
 
-def decode_step_seconds(model: LoadedModel, config: EngineConfig, context: int, steps: int) -> tuple[float, int]:
-    """Median seconds of a decode step of one request with `context` prompt tokens, over
-    `steps` steps after its prefill; and the bytes such a step reads."""
+def decode_step_seconds(model: LoadedModel, config: EngineConfig, context: int, steps: int, batch: int = 1) -> tuple[float, int]:
+    """Median seconds of a decode step of `batch` requests with `context` prompt tokens each (all
+    different), over `steps` steps once every one is decoding; and the bytes such a step reads at batch 1."""
     engine = LLMEngine(model, config)
-    prompt = [min(1000, model.config.vocab_size // 2) + i % 1000 for i in range(context)]
-    request = make_request(engine, prompt, SamplingParams(max_tokens=steps + 2, ignore_eos=True))
-    engine.add_request(request)
-    while not engine.step():  # prefill, up to the first token
+    low = min(1000, model.config.vocab_size // 2)
+    for b in range(batch):
+        prompt = [low + (i + 7 * b) % 1000 for i in range(context)]
+        engine.add_request(make_request(engine, prompt, SamplingParams(max_tokens=steps + 2, ignore_eos=True)))
+    while len(engine.step()) < batch:  # prefills, until a step gives every request a token
         pass
     times = []
     for _ in range(steps):

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from common.quant_spec import NO_QUANT, QuantSpecError, parse_quant_spec
 from engine.admission import check_room, validate
 from engine.base.config import EngineConfig
 from engine.base.errors import EngineConfigError, EngineError, ErrorCode
@@ -23,6 +24,7 @@ from engine.lora.slots import LoRASlots
 from engine.memory_budget import fit_max_chunk_per_gpu
 from engine.model import LlamaModel
 from engine.output_processor import OutputProcessor
+from engine.quant.check import check_quant
 from engine.request import EngineRequest, RequestOutput
 from engine.sampler import make_generator, sample
 from engine.scheduler import ScheduledBatch, Scheduler
@@ -56,7 +58,12 @@ class LLMEngine:
             if config.max_loras
             else None
         )
-        self.model = LlamaModel(model.config, model.weights, self.device, dtype, lora_slots)
+        try:
+            quant = parse_quant_spec(config.quant) if config.quant else NO_QUANT
+        except QuantSpecError as exc:
+            raise EngineConfigError(f"--quant: {exc}") from None
+        check_quant(quant, model.config, config.device, config.dtype)
+        self.model = LlamaModel(model.config, model.weights, self.device, dtype, lora_slots, quant)
         weight_bytes = self.model.weight_bytes + (lora_slots.nbytes if lora_slots else 0)
         self.max_chunk_per_gpu = fit_max_chunk_per_gpu(config, model.config, self.device, dtype, weight_bytes)
         self.capacity_tokens = self.max_chunk_per_gpu * config.chunk_size
@@ -78,9 +85,9 @@ class LLMEngine:
         # an exception from it fails the step as a failing forward would (see tests/engine/test_engine_health.py)
         self.before_forward: Callable[[ScheduledBatch], None] | None = None
         log.info(
-            "engine ready: %d params, KV %d tokens (%d x chunk %d) in %d blocks on %s",
+            "engine ready: %d params, KV %d tokens (%d x chunk %d) in %d blocks on %s; weights %s (%s), %.1f MB",
             model.config.num_parameters(), self.capacity_tokens, self.max_chunk_per_gpu,
-            config.chunk_size, self.block_manager.num_blocks, self.device,
+            config.chunk_size, self.block_manager.num_blocks, self.device, config.dtype, quant, self.model.weight_bytes / 1e6,
         )
 
     # --- requests -------------------------------------------------------------------

@@ -25,6 +25,7 @@ class Weight:
         # what it holds: one copy, or two when the plain tensor is kept beside the packed one
         copies = (self.packed is not None) + (self.plain is not None)
         self.nbytes = copies * weight.numel() * weight.element_size()
+        self.read_bytes = weight.numel() * weight.element_size()  # what one call reads: one copy
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if self.packed is not None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from common.quant_spec import NO_QUANT, QuantSpec
 from engine.attention import GatherBuffers, paged_attention
 from engine.base.model_config import ModelConfig
 from engine.forward_batch import ForwardBatch
@@ -15,6 +16,7 @@ from engine.kv_cache import KVCache
 from engine.linear import Weight
 from engine.lora.slots import LoRASlots
 from engine.paged_attention_cpu import cpu_kernel
+from engine.quant import build
 from engine.rope import RotaryEmbedding, apply_rotary
 
 
@@ -27,7 +29,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor
-    qkv: Weight  # q, k and v projections stacked: one matmul
+    qkv: Weight  # q, k and v projections stacked: one matmul (a Weight, or a quantised kind: engine/quant/)
     qkv_bias: torch.Tensor | None  # Qwen2 has attention biases, Llama does not
     o: Weight
     o_bias: torch.Tensor | None
@@ -41,8 +43,12 @@ REFINED_LOGITS = 8
 
 
 class LlamaModel:
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], device, dtype: torch.dtype, lora: LoRASlots | None = None):
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], device, dtype: torch.dtype,
+                 lora: LoRASlots | None = None, quant: QuantSpec = NO_QUANT):
+        """`quant`: each layer type's width (engine/quant/check.py says which run where)."""
         self.config = config
+        self.dtype = dtype
+        self.quant = quant
         self.lora = lora  # adapters' deltas, added to the projections of tokens that use one
         self.gather_buffers = GatherBuffers()  # the torch attention path's scratch, reused by every layer
         if torch.device(device).type == "cpu":
@@ -51,36 +57,42 @@ class LlamaModel:
         def w(name: str) -> torch.Tensor:
             return weights[name].to(device=device, dtype=dtype)
 
-        self.embed_tokens = w("model.embed_tokens.weight")
+        self.embed_tokens = build.embedding(w("model.embed_tokens.weight"), quant.embed)
         self.layers = []
         for i in range(config.num_layers):
             p = f"model.layers.{i}."
             self.layers.append(
                 LayerWeights(
                     input_norm=w(p + "input_layernorm.weight"),
-                    qkv=Weight(torch.cat([w(p + f"self_attn.{n}_proj.weight") for n in "qkv"])),
+                    qkv=build.projection(torch.cat([w(p + f"self_attn.{n}_proj.weight") for n in "qkv"]), quant.attn),
                     qkv_bias=(
                         torch.cat([w(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
                         if p + "self_attn.q_proj.bias" in weights
                         else None
                     ),
-                    o=Weight(w(p + "self_attn.o_proj.weight")),
+                    o=build.projection(w(p + "self_attn.o_proj.weight"), quant.attn),
                     o_bias=w(p + "self_attn.o_proj.bias") if p + "self_attn.o_proj.bias" in weights else None,
                     post_attention_norm=w(p + "post_attention_layernorm.weight"),
-                    gate_up=Weight(torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")])),
-                    down=Weight(w(p + "mlp.down_proj.weight")),
+                    gate_up=build.projection(torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]), quant.mlp),
+                    down=build.projection(w(p + "mlp.down_proj.weight"), quant.mlp),
                 )
             )
         self.norm = w("model.norm.weight").float()  # the head's input stays fp32 (see logits)
-        # the head keeps its plain rows beside a packed copy: logits() reads the best ones again
-        self.lm_head = Weight(w("model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"), keep_plain=True)
+        # the head keeps its plain rows beside a packed copy: logits() reads the best ones again;
+        # a quantised head reads them from the embedding when tied, else from the plain head kept
+        head = w("model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight")
+        self.lm_head = build.projection(head, quant.head, keep_plain=True)
+        self.head_rows = self.lm_head.plain if self.lm_head.plain is not None else (
+            self.embed_tokens if config.tie_word_embeddings else head)
         self.rope = RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling, device, dtype
         )
         tensors = [self.embed_tokens, self.norm] + [t for layer in self.layers for t in vars(layer).values()] + [self.lm_head]
-        self.weight_bytes = sum(t.nbytes if isinstance(t, Weight) else t.numel() * t.element_size() for t in tensors if t is not None)
+        if self.head_rows is not self.lm_head.plain and self.head_rows is not self.embed_tokens:
+            tensors.append(self.head_rows)  # an untied quantised head's plain rows
+        self.weight_bytes = sum(t.nbytes for t in tensors if t is not None)
         if self.lm_head.plain is self.embed_tokens:  # tied: its plain rows are the embedding, counted once
-            self.weight_bytes -= self.embed_tokens.numel() * self.embed_tokens.element_size()
+            self.weight_bytes -= self.embed_tokens.nbytes
 
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Logits [len(batch.logits_rows), vocab] for the rows that are sampled."""
@@ -112,11 +124,11 @@ class LlamaModel:
         be decided by rounding (SmolLM2 in bf16 picks another token than fp32 at 3% of positions,
         at 2% with this), while the full fp32 head would cost a second copy of it and its
         bandwidth at every step."""
-        if self.embed_tokens.dtype == torch.float32:
+        if self.dtype == torch.float32:
             return self.lm_head(last)
-        logits = self.lm_head(last.to(self.embed_tokens.dtype)).float()
+        logits = self.lm_head(last.to(self.dtype)).float()
         best = logits.topk(min(REFINED_LOGITS, logits.shape[-1]), dim=-1).indices  # [S, k]
-        exact = (self.lm_head.plain[best].float() @ last.unsqueeze(-1)).squeeze(-1)
+        exact = (self.head_rows[best].float() @ last.unsqueeze(-1)).squeeze(-1)
         return logits.scatter_(1, best, exact)
 
     def _project(self, batch: ForwardBatch, layer: int, name: str, x: torch.Tensor, weight: Weight, bias=None) -> torch.Tensor:

@@ -79,7 +79,8 @@ def engine_args(spec: EnginePoolSpec, pool_name: str, release: str) -> list[str]
     for file, digest in sorted(spec.model_sha256.items()):
         args += ["--model-sha256", f"{file}={digest}"]
     # the compute settings the pool sets; the rest are the engine's defaults for its device
-    for flag, value in (("--dtype", spec.dtype), ("--max-num-batched-tokens", spec.max_num_batched_tokens),
+    for flag, value in (("--dtype", spec.dtype), ("--quant", spec.quant),
+                        ("--max-num-batched-tokens", spec.max_num_batched_tokens),
                         ("--max-num-seqs", spec.max_num_seqs), ("--gpu-memory-utilization", spec.gpu_memory_utilization)):
         if value is not None:
             args += [flag, str(value)]

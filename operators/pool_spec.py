@@ -4,6 +4,7 @@ API server enforces them too; checking here keeps the operator honest on any ser
 import re
 from dataclasses import dataclass, field
 
+from common.quant_spec import QuantSpecError, parse_quant_spec
 from operators.autoscale_policy import ScalingRules
 from operators.predictive_policy import PredictiveRules
 
@@ -66,6 +67,7 @@ class EnginePoolSpec:
     lora: LoraSpec | None = None  # None: adapters off
     # the engines' compute settings (`k25 engine --dtype ...`); None: the engine's default
     dtype: str | None = None
+    quant: str | None = None  # `k25 engine --quant` (common/quant_spec.py), as written in the spec
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
     gpu_memory_utilization: float | None = None
@@ -117,6 +119,7 @@ def parse_pool_spec(spec: dict) -> EnginePoolSpec:
         queue_depth_per_replica=_positive(spec, "queueDepthPerReplica", 8.0),
         lora=None if spec.get("lora") is None else _lora(spec["lora"]),
         dtype=None if spec.get("dtype") is None else _dtype(spec["dtype"]),
+        quant=None if spec.get("quant") is None else _quant(spec["quant"]),
         max_num_batched_tokens=_optional_integer(spec, "maxNumBatchedTokens", least=1),
         max_num_seqs=_optional_integer(spec, "maxNumSeqs", least=1),
         gpu_memory_utilization=_optional_fraction(spec, "gpuMemoryUtilization"),
@@ -132,7 +135,23 @@ def parse_pool_spec(spec: dict) -> EnginePoolSpec:
     if parsed.dtype == "float16" and not parsed.gpus_per_replica:
         raise PoolSpecError("spec.dtype float16 needs a GPU: spec.gpusPerReplica of at least 1 "
                             "(on a CPU use float32, bfloat16 or auto)")
+    if parsed.quant is not None and parse_quant_spec(parsed.quant).quantized:
+        if parsed.gpus_per_replica:
+            raise PoolSpecError("spec.quant runs only on a CPU so far (no CUDA kernel yet): spec.gpusPerReplica 0")
+        if parsed.dtype not in (None, "auto", "bfloat16"):
+            raise PoolSpecError(f"spec.quant needs dtype bfloat16 or auto (the quantised kernels take bfloat16 "
+                                f"activations), got {parsed.dtype}")
     return parsed
+
+
+def _quant(quant) -> str:
+    if not isinstance(quant, str):
+        raise PoolSpecError(f"spec.quant must be a string such as attn=int8,mlp=int4:g32, got {quant!r}")
+    try:
+        parse_quant_spec(quant)
+    except QuantSpecError as exc:
+        raise PoolSpecError(f"spec.quant: {exc}") from None
+    return quant
 
 
 def _autoscaling_policy(policy) -> str:

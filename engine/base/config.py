@@ -16,6 +16,7 @@ class EngineConfig:
     kv_admission_limit: float = 0.92  # KV use above which new requests get RESOURCE_EXHAUSTED
     device: str = "cpu"
     dtype: str = "float32"
+    quant: str | None = None  # weight widths per layer type (common/quant_spec.py); None: unquantised
     cpu_memory_budget_gib: float = 2.0  # what weights + KV may use when device is cpu
     gpu_memory_utilization: float = 0.90  # fraction of GPU memory weights + KV may use
     # LoRA adapters (engine/lora/)

@@ -85,6 +85,85 @@ def register(subparsers) -> None:
                    "children) under NAME, e.g. gateway=1234; repeatable; Linux (/proc) only")
     p.set_defaults(handler=run_serve_bench)
     register_prefix_index(kinds)
+    register_quant(kinds)
+
+
+def register_quant(kinds) -> None:
+    p = kinds.add_parser(
+        "quant",
+        help="weight quantization: KL per layer type and width, the presets' bytes and decode speed vs bf16",
+        description="Teacher-forced KL (nats/token) against the unquantised bf16 model over a fixed text set, for each "
+        "layer type at each width alone and for each preset; the presets' perplexity, weight bytes a decode step "
+        "reads and decode tokens/s at each --batches, side by side with the unquantised engine in the same run.",
+    )
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--texts", nargs="+", metavar="FILE", default=None,
+                   help="UTF-8 texts (default: the repository's English and Chinese contracts, tests/fixtures/contracts)")
+    p.add_argument("--tokens-per-text", type=int, default=256, help="each text's first N tokens are scored (default 256)")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 32], help="decode batch sizes (default 1 32)")
+    p.add_argument("--decode-context", type=int, default=128, help="prompt tokens of each decoding sequence (default 128)")
+    p.add_argument("--decode-steps", type=int, default=16, help="decode steps timed, the median counts (default 16)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="times each engine's decode is measured, in turn; the best counts (default 2)")
+    p.add_argument("--kl-budget", type=float, default=None, metavar="NATS",
+                   help="also recommend the spec that reads the fewest bytes with a measured mean KL within NATS")
+    p.add_argument("--plot", metavar="FILE", help="write a PNG of the table")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.set_defaults(handler=run_quant_bench)
+
+
+def run_quant_bench(args: argparse.Namespace) -> int:
+    import torch
+
+    from bench.quant_bench import DEFAULT_TEXTS, bench_quant
+    from common.model_source import ModelLoadError
+    from engine.loader import load_model
+
+    paths = args.texts or [str(p) for p in DEFAULT_TEXTS]
+    try:
+        if not paths:
+            raise ValueError("no texts: pass --texts FILE ...")
+        if min(args.tokens_per_text, args.decode_context, args.decode_steps, args.rounds, *args.batches) < 1:
+            raise ValueError("--tokens-per-text, --decode-context, --decode-steps, --rounds and --batches must be at least 1")
+        if args.kl_budget is not None and args.kl_budget < 0:
+            raise ValueError(f"--kl-budget must be at least 0, got {args.kl_budget}")
+        loaded = load_model(args.model, torch.bfloat16)
+        texts = [loaded.tokenizer.encode(open(path, encoding="utf-8").read())[: args.tokens_per_text] for path in paths]
+    except (ValueError, OSError, ModelLoadError) as exc:
+        print(f"k25 bench quant: {exc}", file=sys.stderr)
+        return 2
+    result = bench_quant(loaded, texts, paths, tuple(args.batches), args.decode_context, args.decode_steps, args.rounds,
+                         args.kl_budget, progress=lambda m: print(m, file=sys.stderr))
+    if args.plot:
+        from bench.quant_plot import plot_quant
+
+        plot_quant(result, args.plot)
+    if args.json:
+        print(json.dumps(result.as_dict()))
+        return 0
+    print(f"texts          {len(paths)} files, first {args.tokens_per_text} tokens each: {result.positions} positions, "
+          f"teacher-forced; KL(bf16 || quantised) in nats/token")
+    print("one layer type quantised (the rest bf16):")
+    print("  type   width       mean KL   top-1   MB read a decode step (bf16)")
+    for r in result.layers:
+        print(f"  {r.layer_type:6s} {r.width:10s} {r.mean_kl:8.4f} {r.top1_agreement:7.3f}   "
+              f"{r.bytes_read / 1e6:8.3f} ({r.bf16_bytes_read / 1e6:.3f})")
+    baseline = result.specs[0]
+    batches = sorted(baseline.tokens_per_s)
+    print(f"whole model (decode: {result.decode_context} tokens of context, best of {args.rounds} rounds, same run):")
+    print("  name         mean KL  budget    ppl   top-1  MB read (x fewer)  MB held  "
+          + "  ".join(f"b{b} tok/s (x bf16)" for b in batches))
+    for row in result.specs + ([result.recommended] if result.recommended else []):
+        budget = "-" if row.kl_budget is None else f"{row.kl_budget:.3f}"
+        speeds = "  ".join(f"{row.tokens_per_s[b]:8.1f} ({row.ratio(baseline, b):4.2f}x)" for b in batches)
+        print(f"  {row.name:11s} {row.mean_kl:8.4f} {budget:>7s} {row.perplexity:6.2f} {row.top1_agreement:6.3f} "
+              f"{row.bytes_read / 1e6:8.1f} ({baseline.bytes_read / row.bytes_read:4.2f}x) {row.memory_bytes / 1e6:8.1f}  {speeds}")
+        if row.name != "bf16":
+            print(f"               {row.spec}")
+    if result.kl_budget is not None:
+        print(f"recommended within KL {result.kl_budget}: "
+              + (f"--quant {result.recommended.spec} ({result.recommendation_note})" if result.recommended else result.recommendation_note))
+    return 0
 
 
 def register_prefix_index(kinds) -> None:

@@ -4,6 +4,8 @@
 import argparse
 import logging
 
+from common.quant_spec import PRESETS
+
 log = logging.getLogger("k25.engine")
 
 # measured on the 2-core CPU of this project's machines (README, Measured); on CUDA the same
@@ -18,6 +20,10 @@ def add_engine_settings(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                        help="weights, activations and KV cache: auto is bfloat16 on CUDA and on a CPU whichever of "
                        "float32 and bfloat16 multiplies the model's matrices faster there, measured at start (default auto)")
+    group.add_argument("--quant", default=None, metavar="SPEC",
+                       help="weight width per layer type, e.g. embed=bf16,attn=int8,mlp=int4:g64,head=int8, or a "
+                       f"preset ({', '.join(PRESETS)}); types not named stay bf16; needs bfloat16 (auto picks it) and "
+                       "a CPU (default: none)")
     group.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
                        help=f"the token budget of one step, decodes and prefill slices together (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})")
     group.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS,
@@ -29,25 +35,35 @@ def add_engine_settings(parser: argparse.ArgumentParser) -> None:
 
 
 def load_for_engine(args: argparse.Namespace, **config_fields):
-    """Resolve --dtype, load the model straight into it, and build the EngineConfig.
+    """Resolve --dtype (and check --quant), load the model straight into it, and build the EngineConfig.
     Raises ModelLoadError or EngineConfigError with a message for the user."""
+    from common.quant_spec import NO_QUANT, QuantSpecError, parse_quant_spec
     from engine.base.config import EngineConfig
     from engine.base.errors import EngineConfigError
     from engine.dtype_choice import choose_dtype, matmul_seconds
     from engine.loader import load_model, model_config
+    from engine.quant.check import check_quant, resolve_dtype
 
     if not 0 < args.gpu_memory_utilization <= 1:
         raise EngineConfigError(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
     if args.max_num_batched_tokens < 1 or args.max_num_seqs < 1:
         raise EngineConfigError("--max-num-batched-tokens and --max-num-seqs must be at least 1")
+    try:
+        quant = parse_quant_spec(args.quant) if args.quant else NO_QUANT
+    except QuantSpecError as exc:
+        raise EngineConfigError(f"--quant: {exc}") from None
+    requested = resolve_dtype(args.dtype, quant)  # auto with quantised weights: bfloat16
+    if quant.quantized:  # refused before the weights load
+        check_quant(quant, model_config(args.model), args.device, requested)
     measure = None
-    if args.dtype == "auto" and not args.device.startswith("cuda"):
+    if requested == "auto" and not args.device.startswith("cuda"):
         measure = matmul_seconds(model_config(args.model), (1, args.max_num_seqs))
-    choice = choose_dtype(args.dtype, args.device, measure)
-    log.info("dtype %s (%s)", choice.name, choice.reason)
+    choice = choose_dtype(requested, args.device, measure)
+    log.info("dtype %s (%s)%s", choice.name, choice.reason, f", weights {quant}" if quant.quantized else "")
     model = load_model(args.model, choice.dtype)
     config = EngineConfig(
-        device=args.device, dtype=choice.name, max_num_batched_tokens=args.max_num_batched_tokens,
+        device=args.device, dtype=choice.name, quant=str(quant) if quant.quantized else None,
+        max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs, gpu_memory_utilization=args.gpu_memory_utilization,
         prefix_caching=args.prefix_caching, **config_fields,
     )

@@ -165,10 +165,10 @@ sprig's merge, which takes a pool's maxLoras 0 or claimName "" for unset); (dict
 {{- end -}}
 
 {{/* A pool's compute settings as YAML: each one the pool sets, else engine's unless that is
-auto or 0 (the engine's default for its device), else none; (dict "root" $ "pool" $pool) */}}
+auto, 0 or "" (the engine's default for its device), else none; (dict "root" $ "pool" $pool) */}}
 {{- define "k25.poolCompute" -}}
 {{- $compute := dict -}}
-{{- range $key := list "dtype" "maxNumBatchedTokens" "maxNumSeqs" "gpuMemoryUtilization" -}}
+{{- range $key := list "dtype" "quant" "maxNumBatchedTokens" "maxNumSeqs" "gpuMemoryUtilization" -}}
 {{- $default := get $.root.Values.engine $key -}}
 {{- if hasKey $.pool $key -}}
 {{- $_ := set $compute $key (get $.pool $key) -}}
@@ -242,6 +242,13 @@ imagePullSecrets:
 {{- $compute := fromYaml (include "k25.poolCompute" (dict "root" $ "pool" $pool)) -}}
 {{- if and (eq (toString $compute.dtype) "float16") (eq (include "k25.poolGpus" $pool) "0") -}}
 {{- fail (printf "engine.pools[%d] (%s): dtype float16 needs a GPU (gpusPerReplica is 0); on a CPU use float32, bfloat16 or auto" $i $pool.name) -}}
+{{- end -}}
+{{- $quantized := and $compute.quant (ne (toString $compute.quant) "none") -}}
+{{- if and $quantized (ne (include "k25.poolGpus" $pool) "0") -}}
+{{- fail (printf "engine.pools[%d] (%s): quant runs only on a CPU so far (no CUDA kernel yet); set it on CPU pools (gpusPerReplica 0)" $i $pool.name) -}}
+{{- end -}}
+{{- if and $quantized (not (has (toString (default "auto" $compute.dtype)) (list "auto" "bfloat16"))) -}}
+{{- fail (printf "engine.pools[%d] (%s): quant needs dtype bfloat16 or auto, not %s" $i $pool.name $compute.dtype) -}}
 {{- end -}}
 {{- end -}}
 {{- include "k25.validateRollouts" (dict "root" . "poolNames" $names "loraPools" $loraPools) -}}
