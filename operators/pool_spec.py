@@ -136,8 +136,6 @@ def parse_pool_spec(spec: dict) -> EnginePoolSpec:
         raise PoolSpecError("spec.dtype float16 needs a GPU: spec.gpusPerReplica of at least 1 "
                             "(on a CPU use float32, bfloat16 or auto)")
     if parsed.quant is not None and parse_quant_spec(parsed.quant).quantized:
-        if parsed.gpus_per_replica:
-            raise PoolSpecError("spec.quant runs only on a CPU so far (no CUDA kernel yet): spec.gpusPerReplica 0")
         if parsed.dtype not in (None, "auto", "bfloat16"):
             raise PoolSpecError(f"spec.quant needs dtype bfloat16 or auto (the quantised kernels take bfloat16 "
                                 f"activations), got {parsed.dtype}")

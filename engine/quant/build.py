@@ -10,7 +10,12 @@ from engine.quant.int8_weight import Int8Weight
 
 
 def projection(weight: torch.Tensor, layer: LayerQuant, keep_plain: bool = False):
-    """A callable `(x, bias) -> x @ weight.T + bias` holding `weight` at `layer`'s width."""
+    """A callable `(x, bias) -> x @ weight.T + bias` holding `weight` at `layer`'s width: on CUDA
+    the Triton dequantising matmul, on a CPU torch's weight-only kernels."""
+    if layer.quantized and weight.device.type == "cuda":
+        from engine.quant.triton_weight import TritonQuantWeight  # decorated on import: only when used
+
+        return TritonQuantWeight(weight, layer)
     if layer.width == "int8":
         return Int8Weight(weight)
     if layer.width == "int4":

@@ -22,8 +22,8 @@ def add_engine_settings(parser: argparse.ArgumentParser) -> None:
                        "float32 and bfloat16 multiplies the model's matrices faster there, measured at start (default auto)")
     group.add_argument("--quant", default=None, metavar="SPEC",
                        help="weight width per layer type, e.g. embed=bf16,attn=int8,mlp=int4:g64,head=int8, or a "
-                       f"preset ({', '.join(PRESETS)}); types not named stay bf16; needs bfloat16 (auto picks it) and "
-                       "a CPU (default: none)")
+                       f"preset ({', '.join(PRESETS)}); types not named stay bf16; needs bfloat16 (auto picks it) "
+                       "(default: none)")
     group.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
                        help=f"the token budget of one step, decodes and prefill slices together (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})")
     group.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS,

@@ -69,11 +69,10 @@ def test_what_the_parser_refuses_the_crd_and_the_operator_refuse(text):
 
 
 @pytest.mark.parametrize("spec, reason", [
-    ({**GPU_POOL, "quant": "small"}, "quant runs only on a CPU so far (no CUDA kernel yet)"),
-    ({**CPU_POOL, "gpusPerReplica": 1, "quant": "attn=int8"}, "quant runs only on a CPU so far"),
     ({**CPU_POOL, "dtype": "float32", "quant": "small"}, "quant needs dtype bfloat16 or auto"),
+    ({**GPU_POOL, "dtype": "float16", "quant": "attn=int8"}, "quant needs dtype bfloat16 or auto"),
 ])
-def test_quantised_weights_on_a_gpu_or_in_float32_are_refused_by_the_crd_and_the_operator(spec, reason):
+def test_quantised_weights_in_another_dtype_are_refused_by_the_crd_and_the_operator(spec, reason):
     assert any(reason in e for e in api_server_accepts(spec)), api_server_accepts(spec)
     with pytest.raises(PoolSpecError, match=re.escape(reason)):
         parse_pool_spec(spec)
@@ -99,6 +98,9 @@ def test_a_pools_quant_reaches_the_engine_as_the_cli_reads_it():
     args, parsed = engine_flags({**CPU_POOL, "dtype": "bfloat16", "quant": "balanced,head=int4:g32"})
     assert args[args.index("--quant") + 1] == "balanced,head=int4:g32"
     assert (parsed.quant, parsed.dtype, parsed.device) == ("balanced,head=int4:g32", "bfloat16", "cpu")
+    assert api_server_accepts({**GPU_POOL, "quant": "small"}) == []  # on a GPU: the Triton kernel
+    args, parsed = engine_flags({**GPU_POOL, "quant": "small"})
+    assert (parsed.quant, parsed.device) == ("small", "cuda")
     args, parsed = engine_flags(CPU_POOL)
     assert "--quant" not in args and parsed.quant is None  # the engine's default: unquantised
 
@@ -122,23 +124,23 @@ def test_by_default_the_chart_sets_no_quant():
     assert set(pool_quant(objects).values()) == {None} and set(engine_quant(objects).values()) == {None}
 
 
-def test_engine_quant_sets_every_cpu_pool_and_a_pools_own_wins(tmp_path):
+def test_engine_quant_sets_every_pool_and_a_pools_own_wins(tmp_path):
     objects = rendered_with(
         "engine:\n  quant: small\n  pools:\n"
         "    - {name: cpu-a, nodeType: CPU, chunkSize: 256}\n"
         "    - {name: cpu-b, nodeType: CPU, chunkSize: 256, quant: 'attn=int8,mlp=int4:g32'}\n"
-        "    - {name: h100, nodeType: H100-80G, chunkSize: 8192, quant: none}\n", tmp_path)
-    assert pool_quant(objects) == {"cpu-a": "small", "cpu-b": "attn=int8,mlp=int4:g32", "h100": "none"}
+        "    - {name: h100, nodeType: H100-80G, chunkSize: 8192, quant: none}\n"
+        "    - {name: h200, nodeType: H200, chunkSize: 8192}\n", tmp_path)
+    assert pool_quant(objects) == {"cpu-a": "small", "cpu-b": "attn=int8,mlp=int4:g32", "h100": "none", "h200": "small"}
     crds = of_kind(objects, "CustomResourceDefinition")
-    assert [custom_resource_errors(p, crd_for(p, crds)) for p in of_kind(objects, "EnginePool")] == [[], [], []]
-    assert engine_quant(objects) == {"cpu-a": "small", "cpu-b": "attn=int8,mlp=int4:g32", "h100": "none"}
+    assert [custom_resource_errors(p, crd_for(p, crds)) for p in of_kind(objects, "EnginePool")] == [[], [], [], []]
+    assert engine_quant(objects) == {"cpu-a": "small", "cpu-b": "attn=int8,mlp=int4:g32", "h100": "none", "h200": "small"}
 
 
 @pytest.mark.parametrize("values, reason", [
     ("engine:\n  pools:\n    - {name: cpu, nodeType: CPU, chunkSize: 256, quant: 'mlp=int6'}\n",
      "/engine/pools/0/quant': 'mlp=int6' does not match"),
     ("engine:\n  quant: tiny\n", "/engine/quant': 'tiny' does not match"),
-    ("engine:\n  quant: small\n", "engine.pools[0] (a100-40g): quant runs only on a CPU so far (no CUDA kernel yet)"),
     ("engine:\n  pools:\n    - {name: cpu, nodeType: CPU, chunkSize: 256, dtype: float32, quant: small}\n",
      "engine.pools[0] (cpu): quant needs dtype bfloat16 or auto, not float32"),
 ])

@@ -244,9 +244,6 @@ imagePullSecrets:
 {{- fail (printf "engine.pools[%d] (%s): dtype float16 needs a GPU (gpusPerReplica is 0); on a CPU use float32, bfloat16 or auto" $i $pool.name) -}}
 {{- end -}}
 {{- $quantized := and $compute.quant (ne (toString $compute.quant) "none") -}}
-{{- if and $quantized (ne (include "k25.poolGpus" $pool) "0") -}}
-{{- fail (printf "engine.pools[%d] (%s): quant runs only on a CPU so far (no CUDA kernel yet); set it on CPU pools (gpusPerReplica 0)" $i $pool.name) -}}
-{{- end -}}
 {{- if and $quantized (not (has (toString (default "auto" $compute.dtype)) (list "auto" "bfloat16"))) -}}
 {{- fail (printf "engine.pools[%d] (%s): quant needs dtype bfloat16 or auto, not %s" $i $pool.name $compute.dtype) -}}
 {{- end -}}
