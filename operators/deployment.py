@@ -178,7 +178,7 @@ def build_deployment(pool: dict, spec: EnginePoolSpec, replicas: int, config: Op
             "replicas": replicas,
             "selector": {"matchLabels": {POOL_LABEL: name}},
             "template": {
-                "metadata": {"labels": labels},
+                "metadata": {"labels": labels, "annotations": dict(spec.pod_annotations)},
                 "spec": {
                     "nodeSelector": dict(spec.node_selector),
                     "tolerations": [dict(t) for t in spec.tolerations],

@@ -64,6 +64,8 @@ class EnginePoolSpec:
     scale_down_window_s: float = 300.0
     autoscaling_policy: str = "predictive"
     queue_depth_per_replica: float = 8.0
+    ttft_slo_s: float | None = None  # the latency guard's SLO; None: no latency guard
+    pod_annotations: dict[str, str] = field(default_factory=dict)  # on the engine pods (the chart's secrets digest)
     lora: LoraSpec | None = None  # None: adapters off
     # the engines' compute settings (`k25 engine --dtype ...`); None: the engine's default
     dtype: str | None = None
@@ -82,7 +84,7 @@ class EnginePoolSpec:
                             scale_down_window_s=self.scale_down_window_s)
 
     def predictive_rules(self) -> PredictiveRules:
-        return PredictiveRules(queue_per_replica=self.queue_depth_per_replica)
+        return PredictiveRules(queue_per_replica=self.queue_depth_per_replica, ttft_slo_s=self.ttft_slo_s)
 
     def initial_replicas(self) -> int:
         wanted = self.min_replicas if self.replicas is None else self.replicas
@@ -117,6 +119,8 @@ def parse_pool_spec(spec: dict) -> EnginePoolSpec:
         scale_down_window_s=_integer(spec, "scaleDownStabilizationSeconds", 300, least=0),
         autoscaling_policy=_autoscaling_policy(spec.get("autoscalingPolicy", "predictive")),
         queue_depth_per_replica=_positive(spec, "queueDepthPerReplica", 8.0),
+        ttft_slo_s=None if spec.get("ttftSloSeconds") is None else _positive(spec, "ttftSloSeconds", 0),
+        pod_annotations=_string_map(spec, "podAnnotations"),
         lora=None if spec.get("lora") is None else _lora(spec["lora"]),
         dtype=None if spec.get("dtype") is None else _dtype(spec["dtype"]),
         quant=None if spec.get("quant") is None else _quant(spec["quant"]),
@@ -247,6 +251,13 @@ def _optional_fraction(spec: dict, name: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
         raise PoolSpecError(f"spec.{name} must be a number in (0, 1], got {value!r}")
     return float(value)
+
+
+def _string_map(spec: dict, name: str) -> dict[str, str]:
+    value = spec.get(name) or {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise PoolSpecError(f"spec.{name} must map strings to strings, got {value!r}")
+    return dict(value)
 
 
 def _positive(spec: dict, name: str, default: float) -> float:

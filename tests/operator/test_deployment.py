@@ -161,6 +161,12 @@ def test_node_selector_and_gpus_per_replica_reach_the_pod():
     assert spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
 
 
+def test_pod_annotations_reach_the_pod_template_so_that_a_change_rolls_the_engines():
+    deployment = manifest(podAnnotations={"checksum/secrets": "abc"})
+    assert deployment["spec"]["template"]["metadata"]["annotations"] == {"checksum/secrets": "abc"}
+    assert manifest()["spec"]["template"]["metadata"]["annotations"] == {}
+
+
 def test_the_pool_owns_the_deployment():
     deployment = manifest()
     assert deployment["metadata"]["ownerReferences"] == [

@@ -40,9 +40,18 @@ def test_the_predictive_policy_is_the_default_and_the_reactive_one_selectable():
     assert (chosen.autoscaling_policy, chosen.predictive_rules().queue_per_replica) == ("reactive", 2.5)
 
 
+def test_the_latency_guard_is_off_unless_the_pool_sets_an_slo():
+    assert parse_pool_spec(MINIMAL).predictive_rules().ttft_slo_s is None
+    assert parse_pool_spec({**MINIMAL, "ttftSloSeconds": 1.5}).predictive_rules().ttft_slo_s == 1.5
+
+
 @pytest.mark.parametrize("bad, message", [
     ({"autoscalingPolicy": "keda"}, "spec.autoscalingPolicy must be one of predictive, reactive"),
     ({"queueDepthPerReplica": 0}, "spec.queueDepthPerReplica must be a positive number"),
+    ({"ttftSloSeconds": 0}, "spec.ttftSloSeconds must be a positive number"),
+    ({"ttftSloSeconds": "1s"}, "spec.ttftSloSeconds must be a positive number"),
+    ({"podAnnotations": {"a": 1}}, "spec.podAnnotations must map strings to strings"),
+    ({"podAnnotations": ["a"]}, "spec.podAnnotations must map strings to strings"),
 ])
 def test_bad_autoscaling_settings_say_which_field(bad, message):
     with pytest.raises(PoolSpecError, match=message):
