@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from common.quant_spec import NO_QUANT, QuantSpec
+from common.quant_spec import NO_QUANT, LayerQuant, QuantSpec
 from engine.attention import GatherBuffers, paged_attention
 from engine.base.model_config import ModelConfig
 from engine.forward_batch import ForwardBatch
@@ -42,6 +42,11 @@ class LayerWeights:
 REFINED_LOGITS = 8
 
 
+def projection(weight: torch.Tensor, layer: LayerQuant, keep_plain: bool = False):
+    """`weight` at its layer type's width: a Weight (packed bf16 or plain), or a quantised kind."""
+    return build.quantized_projection(weight, layer) if layer.quantized else Weight(weight, keep_plain)
+
+
 class LlamaModel:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], device, dtype: torch.dtype,
                  lora: LoRASlots | None = None, quant: QuantSpec = NO_QUANT):
@@ -64,24 +69,24 @@ class LlamaModel:
             self.layers.append(
                 LayerWeights(
                     input_norm=w(p + "input_layernorm.weight"),
-                    qkv=build.projection(torch.cat([w(p + f"self_attn.{n}_proj.weight") for n in "qkv"]), quant.attn),
+                    qkv=projection(torch.cat([w(p + f"self_attn.{n}_proj.weight") for n in "qkv"]), quant.attn),
                     qkv_bias=(
                         torch.cat([w(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
                         if p + "self_attn.q_proj.bias" in weights
                         else None
                     ),
-                    o=build.projection(w(p + "self_attn.o_proj.weight"), quant.attn),
+                    o=projection(w(p + "self_attn.o_proj.weight"), quant.attn),
                     o_bias=w(p + "self_attn.o_proj.bias") if p + "self_attn.o_proj.bias" in weights else None,
                     post_attention_norm=w(p + "post_attention_layernorm.weight"),
-                    gate_up=build.projection(torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]), quant.mlp),
-                    down=build.projection(w(p + "mlp.down_proj.weight"), quant.mlp),
+                    gate_up=projection(torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]), quant.mlp),
+                    down=projection(w(p + "mlp.down_proj.weight"), quant.mlp),
                 )
             )
         self.norm = w("model.norm.weight").float()  # the head's input stays fp32 (see logits)
         # the head keeps its plain rows beside a packed copy: logits() reads the best ones again;
         # a quantised head reads them from the embedding when tied, else from the plain head kept
         head = w("model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight")
-        self.lm_head = build.projection(head, quant.head, keep_plain=True)
+        self.lm_head = projection(head, quant.head, keep_plain=True)
         self.head_rows = self.lm_head.plain if self.lm_head.plain is not None else (
             self.embed_tokens if config.tie_word_embeddings else head)
         self.rope = RotaryEmbedding(
