@@ -59,7 +59,8 @@ def load_for_engine(args: argparse.Namespace, **config_fields):
     if requested == "auto" and not args.device.startswith("cuda"):
         measure = matmul_seconds(model_config(args.model), (1, args.max_num_seqs))
     choice = choose_dtype(requested, args.device, measure)
-    log.info("dtype %s (%s)%s", choice.name, choice.reason, f", weights {quant}" if quant.quantized else "")
+    reason = "auto with --quant: the quantised kernels take bfloat16" if requested != args.dtype else choice.reason
+    log.info("dtype %s (%s)%s", choice.name, reason, f", weights {quant}" if quant.quantized else "")
     model = load_model(args.model, choice.dtype)
     config = EngineConfig(
         device=args.device, dtype=choice.name, quant=str(quant) if quant.quantized else None,

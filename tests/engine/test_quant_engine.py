@@ -67,7 +67,8 @@ def k25(*args: str) -> subprocess.CompletedProcess:
 def test_k25_generate_runs_quantised_and_auto_picks_bfloat16():
     result = k25("generate", "--model", "tiny-random", "--quant", "small", "--max-tokens", "4", "--chat", "hello")
     assert result.returncode == 0, result.stderr
-    assert "dtype bfloat16" in result.stderr and "weights embed=bf16,attn=int4:g32,mlp=int4:g32,head=int4:g32" in result.stderr
+    assert "dtype bfloat16 (auto with --quant" in result.stderr
+    assert "weights embed=bf16,attn=int4:g32,mlp=int4:g32,head=int4:g32" in result.stderr
 
 
 @pytest.mark.slow
