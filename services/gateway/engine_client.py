@@ -74,9 +74,6 @@ class EngineConnection:
         self.socket.setsockopt(zmq.RECONNECT_IVL, 200)
         if curve_secret_key:
             make_client(self.socket, curve_secret_key)
-        # sends go through a plain socket over the same one: the asyncio socket's send never
-        # raises (a refused NOBLOCK send becomes the exception of a future nobody reads)
-        self._sender = zmq.Socket.shadow(self.socket.underlying)
         self._monitor = self.socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         self.socket.connect(f"tcp://{address}")
         self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._watch())]
@@ -92,7 +89,7 @@ class EngineConnection:
         stream = EngineStream(self, request.request_id)
         self.streams[request.request_id] = stream
         try:
-            self._sender.send(k25_pb2.ClientMessage(generate=request).SerializeToString(), zmq.NOBLOCK)
+            self._send_now(k25_pb2.ClientMessage(generate=request).SerializeToString())
         except zmq.ZMQError as exc:
             del self.streams[request.request_id]
             raise EngineUnavailable(f"engine {self.address} refused the message: {exc}") from None
@@ -102,9 +99,20 @@ class EngineConnection:
         """Best effort and never blocking: the engine also aborts requests of a vanished peer."""
         message = k25_pb2.ClientMessage(cancel=k25_pb2.CancelRequest(request_id=request_id))
         try:
-            self._sender.send(message.SerializeToString(), zmq.NOBLOCK)
+            self._send_now(message.SerializeToString())
         except zmq.ZMQError as exc:
             log.warning("could not send cancel for %s to %s: %s", request_id, self.address, exc)
+
+    def _send_now(self, payload: bytes) -> None:
+        """Send without waiting; raises zmq.ZMQError when the socket cannot take it now. The
+        asyncio socket's send never raises: a refused NOBLOCK send is the exception of the future
+        it returns, done at once (no send ever waits here, so none is queued before it). It must
+        stay that socket's send: another socket over the same one would leave the reader asleep
+        on messages already in (ZMQ's descriptor signals edges, and only the asyncio socket's own
+        sends look again)."""
+        sent = self.socket.send(payload, zmq.NOBLOCK)
+        if sent.done() and sent.exception() is not None:
+            raise sent.exception()
 
     async def _read(self) -> None:
         while True:
