@@ -36,10 +36,14 @@ class Workload:
         return sum(self.max_tokens)
 
 
+def random_prompt(rng: random.Random, vocab_size: int, length: int) -> list[int]:
+    low_id = min(1000, vocab_size // 2)  # skip the special tokens at the start of the vocabulary
+    return [rng.randrange(low_id, vocab_size) for _ in range(length)]
+
+
 def make_workload(vocab_size: int, num_requests: int, prompt_range: tuple[int, int], max_tokens_range: tuple[int, int], seed: int) -> Workload:
     rng = random.Random(seed)
-    low_id = min(1000, vocab_size // 2)  # skip the special tokens at the start of the vocabulary
-    prompts = [[rng.randrange(low_id, vocab_size) for _ in range(rng.randint(*prompt_range))] for _ in range(num_requests)]
+    prompts = [random_prompt(rng, vocab_size, rng.randint(*prompt_range)) for _ in range(num_requests)]
     return Workload(prompts, [rng.randint(*max_tokens_range) for _ in range(num_requests)])
 
 

@@ -1,11 +1,30 @@
 """How many KV chunks fit beside the weights and one step's activations, checked at start."""
 
+import logging
+from dataclasses import dataclass
+
 import torch
 
 from engine.base.config import EngineConfig
 from engine.base.model_config import ModelConfig
-from engine.hardware import GIB, resolve_max_chunk_per_gpu
+from engine.chunk_choice import AUTO, auto_max_chunk_per_gpu
+from engine.hardware import GIB, largest_max_chunk_per_gpu, resolve_max_chunk_per_gpu
 from engine.kv_cache import kv_bytes_per_token
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The bytes the start-time check counts (`k25 bench profile` prints them)."""
+    budget_bytes: int
+    weight_bytes: int  # includes the LoRA slots
+    activation_bytes: int  # one step's widest intermediates
+    chunk_kv_bytes: int  # the KV of chunk_size tokens
+
+    @property
+    def largest_max_chunk_per_gpu(self) -> int:
+        return largest_max_chunk_per_gpu(self.budget_bytes, self.weight_bytes, self.activation_bytes, self.chunk_kv_bytes)
 
 
 def memory_budget_bytes(config: EngineConfig, device: torch.device) -> int:
@@ -26,16 +45,25 @@ def activation_reserve_bytes(config: EngineConfig, model_config: ModelConfig, dt
     return mlp + min(scores, GIB) + logits
 
 
+def memory_plan(
+    config: EngineConfig, model_config: ModelConfig, device: torch.device, dtype: torch.dtype, weight_bytes: int
+) -> MemoryPlan:
+    return MemoryPlan(memory_budget_bytes(config, device), weight_bytes, activation_reserve_bytes(config, model_config, dtype),
+                      config.chunk_size * kv_bytes_per_token(model_config, dtype))
+
+
 def fit_max_chunk_per_gpu(
     config: EngineConfig, model_config: ModelConfig, device: torch.device, dtype: torch.dtype, weight_bytes: int
 ) -> int:
-    """The max_chunk_per_gpu to run with (asked for, the node type's, or the largest that fits);
-    raises EngineConfigError if it does not fit. `weight_bytes` includes the LoRA slots."""
+    """The max_chunk_per_gpu to run with (asked for, auto, the node type's, or the largest that
+    fits); raises EngineConfigError if it does not fit. `weight_bytes` includes the LoRA slots."""
+    plan = memory_plan(config, model_config, device, dtype, weight_bytes)
+    requested = config.max_chunk_per_gpu
+    if requested == AUTO:
+        choice = auto_max_chunk_per_gpu(plan.largest_max_chunk_per_gpu, config.expected_chunks_per_request,
+                                        config.max_num_seqs)
+        log.info("max_chunk_per_gpu %d (%s)", choice.value, choice.reason)
+        requested = choice.value
     return resolve_max_chunk_per_gpu(
-        config.max_chunk_per_gpu,
-        config.node_type,
-        memory_budget_bytes(config, device),
-        weight_bytes,
-        activation_reserve_bytes(config, model_config, dtype),
-        config.chunk_size * kv_bytes_per_token(model_config, dtype),
+        requested, config.node_type, plan.budget_bytes, plan.weight_bytes, plan.activation_bytes, plan.chunk_kv_bytes
     )

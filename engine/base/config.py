@@ -6,7 +6,8 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class EngineConfig:
     chunk_size: int = 256
-    max_chunk_per_gpu: int | None = None  # None: the node type's default (see engine.hardware)
+    max_chunk_per_gpu: int | str | None = None  # None: the node type's default (see engine.hardware); "auto": engine.chunk_choice
+    expected_chunks_per_request: int = 1  # for max_chunk_per_gpu "auto": KV chunks a request holds (prompt + output)
     node_type: str = "cpu"
     block_size: int = 16  # tokens per KV block
     prefix_caching: bool = True  # reuse the KV of full blocks whose prefix was computed before

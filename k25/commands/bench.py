@@ -4,6 +4,7 @@ import argparse
 import json
 import sys
 
+from engine.chunk_choice import LATENCY_TOLERANCE, THROUGHPUT_TOLERANCE
 from k25.commands.engine_settings import add_engine_settings, load_for_engine
 
 
@@ -86,6 +87,45 @@ def register(subparsers) -> None:
     p.set_defaults(handler=run_serve_bench)
     register_prefix_index(kinds)
     register_quant(kinds)
+    register_profile(kinds)
+
+
+def register_profile(kinds) -> None:
+    p = kinds.add_parser(
+        "profile",
+        help="the hardware profile: memory per chunk, what fits, and throughput / p95 at each max_chunk_per_gpu",
+        description="On the device it runs on: the weights, activations and KV bytes a chunk that the engine counts at "
+        "start, the largest max_chunk_per_gpu that fits, then the engine (in process) run on one workload at each "
+        "candidate max_chunk_per_gpu: generated tokens/s and p95 request latency (arrival to finish). It recommends "
+        "the smallest value whose throughput is within --throughput-tolerance of the best and whose p95 is within "
+        "--latency-tolerance of the best (if none is within both, the smallest within the throughput tolerance).",
+    )
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--chunk-size", type=int, default=256, help="tokens a chunk (default 256)")
+    p.add_argument("--lengths", default="short", metavar="DIST",
+                   help="chunks a request fills, prompt and output: short (1), documents (5, 6 or 7) or chunk counts "
+                   "such as 1,2,6, drawn uniformly (default short)")
+    p.add_argument("--requests", type=int, default=32, help="requests a candidate (default 32)")
+    p.add_argument("--max-tokens", type=int, default=16, help="tokens each request generates (default 16)")
+    p.add_argument("--qps", type=float, default=None, help="Poisson arrivals at this mean rate (default: all at once)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--candidates", default=None, metavar="N,N,...",
+                   help="max_chunk_per_gpu values to measure (default 1, 2, 4, 6, 8, 12, 16, ... from the longest "
+                   "request up to what holds every request the engine may run at once, or what fits)")
+    p.add_argument("--throughput-tolerance", type=float, default=THROUGHPUT_TOLERANCE,
+                   help=f"how far below the best throughput the recommendation may be (default {THROUGHPUT_TOLERANCE})")
+    p.add_argument("--latency-tolerance", type=float, default=LATENCY_TOLERANCE,
+                   help=f"how far above the best p95 the recommendation may be (default {LATENCY_TOLERANCE})")
+    p.add_argument("--plot", metavar="FILE", help="write a PNG of the curve")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    add_engine_settings(p)
+    p.set_defaults(handler=run_profile_bench)
+
+
+def run_profile_bench(args: argparse.Namespace) -> int:
+    from bench.profile_command import run_command
+
+    return run_command(args)
 
 
 def register_quant(kinds) -> None:

@@ -10,7 +10,7 @@ import uuid
 
 from common.zmq_router import DEFAULT_MAX_FRAME_BYTES
 from engine.health import HealthSettings
-from k25.commands.engine_settings import add_engine_settings, load_for_engine
+from k25.commands.engine_settings import add_engine_settings, load_for_engine, max_chunk_per_gpu_flag
 from k25.commands.redis_flags import add_redis_flags
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -34,7 +34,13 @@ def register(subparsers) -> None:
                    help="refuse to start unless FILE (relative to the model's folder: the Hugging Face folder or the "
                    "one holding the .gguf) has this sha256; repeatable")
     p.add_argument("--chunk-size", type=int, default=256, help="the chunk_size requests must be padded for (default 256)")
-    p.add_argument("--max-chunk-per-gpu", type=int, default=None, help="KV capacity in chunks (default: the node type's)")
+    p.add_argument("--max-chunk-per-gpu", type=max_chunk_per_gpu_flag, default=None, metavar="N|auto",
+                   help="KV capacity in chunks: a number (e.g. `k25 bench profile`'s recommendation), or auto: enough "
+                   "for --max-num-seqs requests of --expected-chunks-per-request chunks at once, or as many as fit "
+                   "(default: the node type's)")
+    p.add_argument("--expected-chunks-per-request", type=int, default=1, metavar="N",
+                   help="for --max-chunk-per-gpu auto: the KV chunks a typical request holds, prompt and output "
+                   "(default 1)")
     p.add_argument("--node-type", default="cpu", help="a100-40g, a100-80g, h100-80g, h200 or cpu (default cpu)")
     p.add_argument("--max-waiting", type=int, default=1024, help="queued requests beyond which new ones are refused (default 1024)")
     lora = p.add_argument_group("LoRA adapters")
@@ -115,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
             verify_model_files(args.model, checksums)
         model, config = load_for_engine(
             args, chunk_size=args.chunk_size, max_chunk_per_gpu=args.max_chunk_per_gpu, node_type=args.node_type,
+            expected_chunks_per_request=args.expected_chunks_per_request,
             max_waiting=args.max_waiting, max_loras=args.max_loras, max_cpu_loras=args.max_cpu_loras,
             max_lora_rank=args.max_lora_rank, adapter_root=args.adapter_root, lora_kernel=args.lora_kernel,
         )
@@ -228,6 +235,8 @@ def invalid_flags(args: argparse.Namespace) -> str:
         return f"--max-failed-steps must be at least 1, got {args.max_failed_steps}"
     if args.max_frame_bytes < 1:
         return f"--max-frame-bytes must be at least 1, got {args.max_frame_bytes}"
+    if args.expected_chunks_per_request < 1:
+        return f"--expected-chunks-per-request must be at least 1, got {args.expected_chunks_per_request}"
     return ""
 
 

@@ -34,6 +34,21 @@ def add_engine_settings(parser: argparse.ArgumentParser) -> None:
                        help="fraction of GPU memory that weights and KV cache may use (default 0.90)")
 
 
+def max_chunk_per_gpu_flag(text: str) -> int | str:
+    """`--max-chunk-per-gpu`: a whole number of chunks, at least 1, or auto (engine/chunk_choice.py)."""
+    from engine.chunk_choice import AUTO
+
+    if text == AUTO:
+        return AUTO
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of chunks or {AUTO}, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (or {AUTO}), got {value}")
+    return value
+
+
 def load_for_engine(args: argparse.Namespace, **config_fields):
     """Resolve --dtype (and check --quant), load the model straight into it, and build the EngineConfig.
     Raises ModelLoadError or EngineConfigError with a message for the user."""
