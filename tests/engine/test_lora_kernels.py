@@ -9,15 +9,8 @@ from engine.lora.adapter import AdapterWeights
 from engine.lora.batch import BASE_SLOT, KERNEL_BLOCK_ROWS, build_lora_batch
 from engine.lora.layout import projections
 from engine.lora.slots import LoRASlots
+from tests.helpers.triton_on_cpu import DEVICE, interpret_on_a_cpu  # noqa: F401 (an autouse fixture)
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-@pytest.fixture(autouse=True)
-def interpret_on_a_cpu(monkeypatch):
-    """Triton reads it when the kernels are decorated (their first import) and while they run."""
-    if DEVICE == "cpu":
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 # a GQA model small enough for the interpreter: q 32, k/v 16, MLP 48
 CONFIG = ModelConfig(

@@ -12,16 +12,7 @@ import torch.nn.functional as F
 
 from engine.paged_attention_reference import paged_attention_reference
 from tests.helpers.paged_attention_cases import MIXED, NUM_KV_HEADS, error_bound, paged_batch, random_specs
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
-
-
-@pytest.fixture(autouse=True)
-def interpret_on_a_cpu(monkeypatch):
-    """Triton reads it when the kernel is decorated (its module's first import) and while it runs."""
-    if DEVICE == "cpu":
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
+from tests.helpers.triton_on_cpu import DEVICE, DTYPES, interpret_on_a_cpu  # noqa: F401 (an autouse fixture)
 
 
 @pytest.fixture

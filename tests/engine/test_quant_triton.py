@@ -7,17 +7,9 @@ import pytest
 import torch
 
 from common.quant_spec import LayerQuant
+from tests.helpers.triton_on_cpu import DEVICE, DTYPES, interpret_on_a_cpu  # noqa: F401 (an autouse fixture)
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
 OUT, IN = 96, 128  # OUT not a multiple of the kernel's 64-column tile: the edge is masked
-
-
-@pytest.fixture(autouse=True)
-def interpret_on_a_cpu(monkeypatch):
-    """Triton reads it when the kernel is decorated (its first import) and while it runs."""
-    if DEVICE == "cpu":
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture
