@@ -68,8 +68,10 @@ def termination_grace_s(spec: EnginePoolSpec) -> int:
 def engine_args(spec: EnginePoolSpec, pool_name: str, release: str) -> list[str]:
     """The Redis URL is not among them: the engine reads it from K25_REDIS_URL (engine_env)."""
     args = ["k25", "engine", "--model", spec.model, "--chunk-size", str(spec.chunk_size)]
-    if spec.max_chunk_per_gpu is not None:  # else the engine's hardware profile computes it
+    if spec.max_chunk_per_gpu is not None:  # else the node type's default, or as many as fit
         args += ["--max-chunk-per-gpu", str(spec.max_chunk_per_gpu)]
+    if spec.expected_chunks_per_request is not None:  # with auto only (pool_spec.py)
+        args += ["--expected-chunks-per-request", str(spec.expected_chunks_per_request)]
     # $(POD_IP) is expanded by the kubelet from the container's env: the engine listens on the
     # pod's address only, and gateways dial it there
     args += ["--node-type", spec.node_type, "--pool", pool_name, "--zmq-port", str(ZMQ_PORT),

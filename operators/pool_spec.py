@@ -8,9 +8,11 @@ from common.quant_spec import QuantSpecError, parse_quant_spec
 from operators.autoscale_policy import ScalingRules
 from operators.predictive_policy import PredictiveRules
 
-# KV chunks per GPU by node type (DESIGN.md, Capacity); None: the engine's hardware
-# profile computes it at start
+# KV chunks per GPU by node type (DESIGN.md, Capacity); None: the engine takes as many as fit
 MAX_CHUNK_PER_GPU = {"A100-40G": 2, "A100-80G": 4, "H100-80G": 8, "H200": None, "CPU": None}
+# maxChunkPerGpu auto: the engine computes it at start from what fits and expectedChunksPerRequest
+# (engine/chunk_choice.py); `k25 bench profile` measures a value to paste instead
+AUTO = "auto"
 GPU_TAINT_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 LORA_KERNELS = ("torch", "triton")
 AUTOSCALING_POLICIES = ("predictive", "reactive")
@@ -51,7 +53,7 @@ class EnginePoolSpec:
     node_type: str
     model: str
     chunk_size: int
-    max_chunk_per_gpu: int | None
+    max_chunk_per_gpu: int | str | None  # "auto": the engine computes it at start (engine/chunk_choice.py)
     image: str = "k25:latest"
     gpus_per_replica: int = 1
     node_selector: dict[str, str] = field(default_factory=dict)
@@ -70,6 +72,7 @@ class EnginePoolSpec:
     # the engines' compute settings (`k25 engine --dtype ...`); None: the engine's default
     dtype: str | None = None
     quant: str | None = None  # `k25 engine --quant` (common/quant_spec.py), as written in the spec
+    expected_chunks_per_request: int | None = None  # with max_chunk_per_gpu auto; None: the engine's default
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
     gpu_memory_utilization: float | None = None
@@ -105,8 +108,8 @@ def parse_pool_spec(spec: dict) -> EnginePoolSpec:
         node_type=node_type,
         model=str(spec["model"]),
         chunk_size=_integer(spec, "chunkSize", None, least=1),
-        max_chunk_per_gpu=None if max_chunk is None else _integer({"maxChunkPerGpu": max_chunk}, "maxChunkPerGpu",
-                                                                  None, least=1),
+        max_chunk_per_gpu=None if max_chunk is None else _max_chunk_per_gpu(max_chunk),
+        expected_chunks_per_request=_optional_integer(spec, "expectedChunksPerRequest", least=1),
         image=str(spec.get("image") or "k25:latest"),
         gpus_per_replica=_integer(spec, "gpusPerReplica", 0 if is_cpu else 1, least=0 if is_cpu else 1),
         node_selector={str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()},
@@ -139,11 +142,21 @@ def parse_pool_spec(spec: dict) -> EnginePoolSpec:
     if parsed.dtype == "float16" and not parsed.gpus_per_replica:
         raise PoolSpecError("spec.dtype float16 needs a GPU: spec.gpusPerReplica of at least 1 "
                             "(on a CPU use float32, bfloat16 or auto)")
+    if parsed.expected_chunks_per_request is not None and parsed.max_chunk_per_gpu != AUTO:
+        raise PoolSpecError("spec.expectedChunksPerRequest is read only with spec.maxChunkPerGpu auto")
     if parsed.quant is not None and parse_quant_spec(parsed.quant).quantized:
         if parsed.dtype not in (None, "auto", "bfloat16"):
             raise PoolSpecError(f"spec.quant needs dtype bfloat16 or auto (the quantised kernels take bfloat16 "
                                 f"activations), got {parsed.dtype}")
     return parsed
+
+
+def _max_chunk_per_gpu(value) -> int | str:
+    if value == AUTO:
+        return AUTO
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PoolSpecError(f"spec.maxChunkPerGpu must be an integer or {AUTO}, got {value!r}")
+    return _integer({"maxChunkPerGpu": value}, "maxChunkPerGpu", None, least=1)
 
 
 def _quant(quant) -> str:

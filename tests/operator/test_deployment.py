@@ -121,6 +121,17 @@ def test_a_profiled_node_type_leaves_max_chunk_to_the_engine():
     assert "--max-chunk-per-gpu" not in args
 
 
+def test_max_chunk_auto_and_the_expected_chunks_reach_the_engine_as_the_cli_reads_them():
+    args = engine_container(maxChunkPerGpu="auto", expectedChunksPerRequest=6)["args"]
+    assert args[args.index("--max-chunk-per-gpu"):args.index("--max-chunk-per-gpu") + 4] == [
+        "--max-chunk-per-gpu", "auto", "--expected-chunks-per-request", "6"]
+    parsed = build_parser().parse_args(args[1:])
+    assert (parsed.max_chunk_per_gpu, parsed.expected_chunks_per_request) == ("auto", 6)
+    alone = build_parser().parse_args(engine_container(maxChunkPerGpu="auto")["args"][1:])
+    assert (alone.max_chunk_per_gpu, alone.expected_chunks_per_request) == ("auto", 1)  # the engine's default
+    assert build_parser().parse_args(engine_container(maxChunkPerGpu=6)["args"][1:]).max_chunk_per_gpu == 6
+
+
 def test_a_cpu_pool_asks_for_no_gpu_tolerates_no_gpu_taint_and_runs_on_the_cpu():
     pod = manifest(nodeType="CPU", maxChunkPerGpu=1)["spec"]["template"]["spec"]
     assert pod["containers"][0]["resources"] == {}

@@ -26,6 +26,12 @@ def test_an_explicit_value_wins_over_the_node_type_default():
     assert parse_pool_spec({**MINIMAL, "maxChunkPerGpu": 3}).max_chunk_per_gpu == 3
 
 
+def test_auto_with_the_expected_chunks_per_request():
+    spec = parse_pool_spec({**MINIMAL, "maxChunkPerGpu": "auto", "expectedChunksPerRequest": 6})
+    assert (spec.max_chunk_per_gpu, spec.expected_chunks_per_request) == ("auto", 6)
+    assert parse_pool_spec({**MINIMAL, "maxChunkPerGpu": "auto"}).expected_chunks_per_request is None
+
+
 def test_scaling_rules_carry_the_spec():
     rules = parse_pool_spec({**MINIMAL, "minReplicas": 0, "maxReplicas": 9, "targetQPSPerReplica": 2.5,
                              "scaleUpStabilizationSeconds": 15, "scaleDownStabilizationSeconds": 60}).scaling_rules()
@@ -72,6 +78,11 @@ def test_initial_replicas_are_spec_replicas_within_bounds(replicas, initial):
     ({"chunkSize": "big"}, "spec.chunkSize must be an integer"),
     ({"chunkSize": True}, "spec.chunkSize must be an integer"),
     ({"maxChunkPerGpu": 0}, "spec.maxChunkPerGpu must be at least 1"),
+    ({"maxChunkPerGpu": "8"}, "spec.maxChunkPerGpu must be an integer or auto, got '8'"),
+    ({"maxChunkPerGpu": True}, "spec.maxChunkPerGpu must be an integer or auto"),
+    ({"maxChunkPerGpu": "auto", "expectedChunksPerRequest": 0}, "spec.expectedChunksPerRequest must be at least 1"),
+    ({"expectedChunksPerRequest": 6}, "spec.expectedChunksPerRequest is read only with spec.maxChunkPerGpu auto"),
+    ({"maxChunkPerGpu": 6, "expectedChunksPerRequest": 6}, "read only with spec.maxChunkPerGpu auto"),
     ({"targetQPSPerReplica": -1}, "spec.targetQPSPerReplica must be a positive number"),
     ({"minReplicas": 3, "maxReplicas": 2}, "must not exceed"),
     ({"tolerations": "gpu"}, "list of tolerations"),
