@@ -33,9 +33,9 @@ def run_command(args) -> int:
     except (ValueError, ModelLoadError, EngineConfigError) as exc:
         print(f"k25 bench profile: {exc}", file=sys.stderr)
         return 2
-    with tqdm(total=len(candidates) * len(requests), desc="bench profile", unit="req", file=sys.stderr) as bar:
+    with tqdm(total=args.rounds * len(candidates) * len(requests), desc="bench profile", unit="req", file=sys.stderr) as bar:
         result = profile(model, config, requests, candidates, plan, args.throughput_tolerance, args.latency_tolerance,
-                         tick=bar.update)
+                         args.rounds, tick=bar.update)
     title = _workload_title(args, lengths)
     if args.plot:
         from bench.profile_plot import plot_profile
@@ -52,6 +52,8 @@ def run_command(args) -> int:
 def _check_numbers(args) -> None:
     if args.requests < 1:
         raise ValueError(f"--requests must be at least 1, got {args.requests}")
+    if args.rounds < 1:
+        raise ValueError(f"--rounds must be at least 1, got {args.rounds}")
     if args.chunk_size < 1:
         raise ValueError(f"--chunk-size must be at least 1, got {args.chunk_size}")
     if args.qps is not None and not args.qps > 0:
@@ -81,7 +83,7 @@ def _candidates(wanted: tuple[int, ...] | None, longest_chunks: int, largest: in
 def _workload_title(args, lengths: tuple[int, ...]) -> str:
     arrivals = f"Poisson at {args.qps:g} req/s" if args.qps else "all at once"
     return (f"{args.requests} requests of {'/'.join(map(str, lengths))} chunks of {args.chunk_size} tokens "
-            f"(prompt + {args.max_tokens} generated), {arrivals}, seed {args.seed}")
+            f"(prompt + {args.max_tokens} generated), {arrivals}, seed {args.seed}; best of {args.rounds} rounds")
 
 
 def report_lines(result, title: str) -> list[str]:

@@ -43,6 +43,7 @@ class ProfileResult:
     largest: int
     measured: list[Measured]
     recommended: ChunkChoice
+    rounds: int
 
     def as_dict(self) -> dict:
         return {**asdict(self), "plan": {**asdict(self.plan), "largest_max_chunk_per_gpu": self.largest}}
@@ -94,11 +95,19 @@ def run_once(model: LoadedModel, config: EngineConfig, requests: list[ProfileReq
 
 
 def profile(model: LoadedModel, config: EngineConfig, requests: list[ProfileRequest], candidates: tuple[int, ...],
-            plan: MemoryPlan, throughput_tolerance: float, latency_tolerance: float,
+            plan: MemoryPlan, throughput_tolerance: float, latency_tolerance: float, rounds: int = 1,
             tick: Callable[[], None] = lambda: None) -> ProfileResult:
-    """Each candidate in turn (after a short warm-up run, not counted), then the recommendation."""
+    """After a short warm-up run (not counted), each candidate once a round, in turn (so that a
+    slow spell of a shared machine falls on all of them); a candidate's run with the highest
+    throughput counts. Then the recommendation."""
     run_once(model, replace(config, max_chunk_per_gpu=candidates[-1]), [replace(r, arrival_s=0.0) for r in requests[:2]])
-    measured = [run_once(model, replace(config, max_chunk_per_gpu=value), requests, tick) for value in candidates]
+    best: dict[int, Measured] = {}
+    for _ in range(rounds):
+        for value in candidates:
+            m = run_once(model, replace(config, max_chunk_per_gpu=value), requests, tick)
+            if value not in best or m.tokens_per_s > best[value].tokens_per_s:
+                best[value] = m
+    measured = [best[value] for value in candidates]
     largest = plan.largest_max_chunk_per_gpu
     chosen = recommend([m.point() for m in measured], largest, throughput_tolerance, latency_tolerance)
-    return ProfileResult(config.device, config.dtype, config.chunk_size, plan, largest, measured, chosen)
+    return ProfileResult(config.device, config.dtype, config.chunk_size, plan, largest, measured, chosen, rounds)

@@ -109,6 +109,8 @@ def register_profile(kinds) -> None:
     p.add_argument("--max-tokens", type=int, default=16, help="tokens each request generates (default 16)")
     p.add_argument("--qps", type=float, default=None, help="Poisson arrivals at this mean rate (default: all at once)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=2,
+                   help="times each candidate is run, in turn; its run with the highest throughput counts (default 2)")
     p.add_argument("--candidates", default=None, metavar="N,N,...",
                    help="max_chunk_per_gpu values to measure (default 1, 2, 4, 6, 8, 12, 16, ... from the longest "
                    "request up to what holds every request the engine may run at once, or what fits)")
