@@ -4,23 +4,24 @@ curve, then print it (a table, or one JSON object) with the recommendation and d
 import json
 import os
 import sys
+from collections.abc import Callable
 
 from bench.profile_workload import default_candidates, make_requests, parse_candidates, parse_lengths
 
 
-def run_command(args) -> int:
+def run_command(args, load_for_engine: Callable[[], tuple]) -> int:
+    """`load_for_engine()`: the model and EngineConfig, as `k25 engine` loads them from the flags."""
     from tqdm import tqdm
 
     from bench.profile_run import engine_memory, profile
     from common.model_source import ModelLoadError
     from engine.base.errors import EngineConfigError
-    from k25.commands.engine_settings import load_for_engine
 
     try:
         lengths = parse_lengths(args.lengths)
         wanted = parse_candidates(args.candidates) if args.candidates else None
         _check_numbers(args)
-        model, config = load_for_engine(args, chunk_size=args.chunk_size)
+        model, config = load_for_engine()
         longest = max(lengths) * args.chunk_size
         if longest > model.config.max_position_embeddings:
             raise ValueError(f"--lengths: a request of {max(lengths)} chunks of {args.chunk_size} tokens is longer than "

@@ -127,7 +127,7 @@ def register_profile(kinds) -> None:
 def run_profile_bench(args: argparse.Namespace) -> int:
     from bench.profile_command import run_command
 
-    return run_command(args)
+    return run_command(args, lambda: load_for_engine(args, chunk_size=args.chunk_size))
 
 
 def register_quant(kinds) -> None:

@@ -25,7 +25,8 @@ FIRST_PARTY = {"proto", "common", "engine", "services", "operators", "bench", "k
 # run by hand, not by any part: `make proto` (needs grpcio-tools, a test dependency)
 DEV_TOOLS = {"proto.generate"}
 # benchmarks that measure a part need that part's extra too
-BENCH_OF_ENGINE = {"bench.engine_bench", "bench.lora_bench", "bench.quant_bench", "bench.quant_bytes", "bench.quant_kl"}
+BENCH_OF_ENGINE = {"bench.engine_bench", "bench.lora_bench", "bench.quant_bench", "bench.quant_bytes", "bench.quant_kl",
+                   "bench.profile_command", "bench.profile_run", "bench.profile_workload"}
 BENCH_OF_CHUNKER = {"bench.chunker_bench", "bench.chunker_baseline"}
 
 
@@ -54,7 +55,8 @@ PARTS = {
     "operator": (["operator"], modules_under("operators") + ["k25.commands.operator", "k25.commands.rollout"],
                  [["operator"], ["rollout"]]),
     "bench": (["bench"], BENCH + ["k25.commands.simulate"], [["simulate"], ["bench", "serve"]]),
-    "bench-engine": (["engine", "bench"], sorted(BENCH_OF_ENGINE), [["bench", "engine"], ["bench", "load"], ["bench", "quant"]]),
+    "bench-engine": (["engine", "bench"], sorted(BENCH_OF_ENGINE), [["bench", "engine"], ["bench", "load"], ["bench", "quant"],
+                                                                    ["bench", "profile"]]),
     "bench-chunker": (["chunker", "bench"], sorted(BENCH_OF_CHUNKER), [["bench", "chunk"]]),
     "all": (["all"], [m for p in sorted(FIRST_PARTY - {"tests"}) for m in modules_under(p)], [["up"], ["bench"]]),
 }
