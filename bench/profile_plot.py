@@ -17,7 +17,7 @@ def plot_profile(result, title: str, path: str) -> None:
     right.plot(values, [m.p95_latency_s for m in result.measured], "s--", color="tab:red")
     right.set_ylabel("p95 request latency (s)", color="tab:red")
     left.axvline(result.recommended.value, color="gray", linestyle=":", label=f"recommended {result.recommended.value}")
-    left.legend(loc="lower right", fontsize=8)
+    left.legend(loc="upper left", fontsize=8)
     left.set_xticks(values)
     fig.suptitle(f"k25 bench profile ({result.device}, {result.dtype}, largest that fits {result.largest})", fontsize=10)
     left.set_title(title, fontsize=8)
