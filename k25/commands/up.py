@@ -64,6 +64,8 @@ def register(subparsers) -> None:
                         f"SIGKILL follows {DRAIN_MARGIN_S:.0f} s later (default 25)")
     p.add_argument("--engine-flag", action="append", default=[], metavar="FLAG",
                    help="one more flag for every engine, e.g. --engine-flag=--max-waiting=64; repeatable")
+    p.add_argument("--gateway-flag", action="append", default=[], metavar="FLAG",
+                   help="one more flag for the gateway, e.g. --gateway-flag=--engine-wait-s=120; repeatable")
     scaling = p.add_argument_group("autoscaling (the operator's policy, on local engine processes)")
     scaling.add_argument("--autoscale", action="store_true", help="start and stop engines from the pool's QPS")
     scaling.add_argument("--max-engines", type=int, default=4, help="engines per pool at most (default 4)")
@@ -210,6 +212,7 @@ class LocalStack:
             argv += ["--pool", f"{name}={chunk_size}"]
         if args.api_keys_file:
             argv += ["--api-keys-file", args.api_keys_file]
+        argv += args.gateway_flag
         self.group.spawn("gateway", argv, FRONT, STOP_GRACE_S, self._transport_env)
         base = f"http://{args.host}:{args.port}"
         self.wait_for("the gateway", lambda: _http_ok(f"{base}/readyz"), timeout_s=60)

@@ -201,8 +201,11 @@ def test_an_engine_whose_every_step_fails_loses_its_traffic_and_nothing_fails_af
 
 @pytest.fixture
 def empty_pool_stack(tmp_path):
+    # requests wait for the first engine up to --engine-wait-s (30 s by default), then get 503: on a
+    # busy machine starting an engine can take longer than that, and this scenario is about the wake-up
     service = start_stack(str(tmp_path / "up.log"), "--model", "tiny-random", "--engines", "0", "--autoscale",
-                          "--max-engines", "1", "--autoscale-interval-s", "0.5", "--log-dir", str(tmp_path))
+                          "--max-engines", "1", "--autoscale-interval-s", "0.5", "--log-dir", str(tmp_path),
+                          f"--gateway-flag=--engine-wait-s={RECOVERY_TIMEOUT_S}")
     yield service
     service.stop(signal.SIGINT)
 
