@@ -3,29 +3,12 @@ and quant go: the CRD (int-or-string, its bounds and rule), the operator's readi
 `k25 engine` flags it gives, the chart's pools, and the engine CLI's refusals."""
 
 import pytest
-import yaml
 
 from k25.cli import build_parser
-from operators.config import OperatorConfig
-from operators.deployment import build_deployment
 from operators.pool_spec import PoolSpecError, parse_pool_spec
 from tests.helpers.crd_schema import crd_for, custom_resource_errors
+from tests.helpers.engine_pool import GPU_POOL, api_server_errors, engine_command
 from tests.helpers.helm_chart import engine_deployments, of_kind, render_error, rendered_with
-from tests.helpers.paths import K8S
-
-CRD = yaml.safe_load((K8S / "crds" / "enginepool.yaml").read_text())
-GPU_POOL = {"nodeType": "H100-80G", "model": "m", "chunkSize": 512}
-POOL = {"apiVersion": "k25.io/v1alpha1", "kind": "EnginePool", "metadata": {"name": "h100", "namespace": "s", "uid": "u"}}
-CONFIG = OperatorConfig(release="prod", redis_url="redis://redis:6379/0", redis_secret="prod-k25-redis")
-
-
-def api_server_accepts(spec: dict) -> list[str]:
-    return custom_resource_errors({**POOL, "metadata": {"name": "p"}, "spec": spec}, CRD)
-
-
-def engine_flags(spec: dict):
-    args = build_deployment(POOL, parse_pool_spec(spec), 1, CONFIG, {})["spec"]["template"]["spec"]["containers"][0]["args"]
-    return build_parser().parse_args(args[1:])
 
 
 @pytest.mark.parametrize("fields, expected", [
@@ -36,8 +19,8 @@ def engine_flags(spec: dict):
 ])
 def test_what_the_crd_accepts_the_operator_hands_the_engine_as_its_cli_reads_it(fields, expected):
     spec = {**GPU_POOL, **fields}
-    assert api_server_accepts(spec) == []
-    parsed = engine_flags(spec)
+    assert api_server_errors(spec) == []
+    _, parsed = engine_command(spec)
     assert (parsed.max_chunk_per_gpu, parsed.expected_chunks_per_request) == expected
 
 
@@ -53,7 +36,7 @@ def test_what_the_crd_accepts_the_operator_hands_the_engine_as_its_cli_reads_it(
      "read only with spec.maxChunkPerGpu auto"),
 ])
 def test_what_the_crd_refuses_the_operator_refuses(fields, crd_says, operator_says):
-    errors = api_server_accepts({**GPU_POOL, **fields})
+    errors = api_server_errors({**GPU_POOL, **fields})
     assert any(crd_says in e for e in errors), errors
     with pytest.raises(PoolSpecError, match=operator_says):
         parse_pool_spec({**GPU_POOL, **fields})

@@ -9,28 +9,13 @@ import yaml
 
 from common.quant_spec import INT4_GROUP_SIZES, LAYER_TYPES, PRESETS, WIDTHS, QuantSpecError, parse_quant_spec
 from k25.cli import build_parser
-from operators.config import OperatorConfig
-from operators.deployment import build_deployment
 from operators.pool_spec import PoolSpecError, parse_pool_spec
 from tests.helpers.crd_schema import crd_for, custom_resource_errors
+from tests.helpers.engine_pool import CPU_POOL, CRD, GPU_POOL, api_server_errors, engine_command
 from tests.helpers.helm_chart import engine_deployments, of_kind, render_error, rendered, rendered_with
 from tests.helpers.paths import K8S
 
-CRD = yaml.safe_load((K8S / "crds" / "enginepool.yaml").read_text())
 QUANT_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["quant"]
-CPU_POOL = {"nodeType": "CPU", "model": "m", "chunkSize": 256}
-GPU_POOL = {"nodeType": "H100-80G", "model": "m", "chunkSize": 512}
-POOL = {"apiVersion": "k25.io/v1alpha1", "kind": "EnginePool", "metadata": {"name": "cpu", "namespace": "s", "uid": "u"}}
-CONFIG = OperatorConfig(release="prod", redis_url="redis://redis:6379/0", redis_secret="prod-k25-redis")
-
-
-def api_server_accepts(spec: dict) -> list[str]:
-    return custom_resource_errors({**POOL, "metadata": {"name": "p"}, "spec": spec}, CRD)
-
-
-def engine_flags(spec: dict):
-    args = build_deployment(POOL, parse_pool_spec(spec), 1, CONFIG, {})["spec"]["template"]["spec"]["containers"][0]["args"]
-    return args, build_parser().parse_args(args[1:])
 
 
 # --- the CRD's pattern says what the parser reads -------------------------------------------
@@ -54,7 +39,7 @@ def test_the_crd_pattern_names_the_parsers_presets_types_widths_and_group_sizes(
 def test_what_the_parser_reads_the_crd_and_the_operator_accept_on_a_cpu_pool(text):
     parse_quant_spec(text)
     assert re.fullmatch(QUANT_SCHEMA["pattern"], text)
-    assert api_server_accepts({**CPU_POOL, "quant": text}) == []
+    assert api_server_errors({**CPU_POOL, "quant": text}) == []
     assert parse_pool_spec({**CPU_POOL, "quant": text}).quant == text
 
 
@@ -63,7 +48,7 @@ def test_what_the_parser_refuses_the_crd_and_the_operator_refuse(text):
     with pytest.raises(QuantSpecError):
         parse_quant_spec(text)
     assert not re.fullmatch(QUANT_SCHEMA["pattern"], text)
-    assert any("does not match" in e for e in api_server_accepts({**CPU_POOL, "quant": text}))
+    assert any("does not match" in e for e in api_server_errors({**CPU_POOL, "quant": text}))
     with pytest.raises(PoolSpecError, match="spec.quant: "):
         parse_pool_spec({**CPU_POOL, "quant": text})
 
@@ -73,15 +58,15 @@ def test_what_the_parser_refuses_the_crd_and_the_operator_refuse(text):
     ({**GPU_POOL, "dtype": "float16", "quant": "attn=int8"}, "quant needs dtype bfloat16 or auto"),
 ])
 def test_quantised_weights_in_another_dtype_are_refused_by_the_crd_and_the_operator(spec, reason):
-    assert any(reason in e for e in api_server_accepts(spec)), api_server_accepts(spec)
+    assert any(reason in e for e in api_server_errors(spec)), api_server_errors(spec)
     with pytest.raises(PoolSpecError, match=re.escape(reason)):
         parse_pool_spec(spec)
     # none is no quantisation: allowed anywhere
-    assert api_server_accepts({**spec, "quant": "none"}) == [] and parse_pool_spec({**spec, "quant": "none"}).quant == "none"
+    assert api_server_errors({**spec, "quant": "none"}) == [] and parse_pool_spec({**spec, "quant": "none"}).quant == "none"
 
 
 def test_a_type_set_twice_passes_the_pattern_and_the_operator_refuses_it():
-    assert api_server_accepts({**CPU_POOL, "quant": "mlp=int4,mlp=int8"}) == []
+    assert api_server_errors({**CPU_POOL, "quant": "mlp=int4,mlp=int8"}) == []
     with pytest.raises(PoolSpecError, match="layer type 'mlp' is set twice"):
         parse_pool_spec({**CPU_POOL, "quant": "mlp=int4,mlp=int8"})
 
@@ -95,13 +80,13 @@ def test_the_printer_columns_show_the_quant_spec_beside_the_dtype():
 
 
 def test_a_pools_quant_reaches_the_engine_as_the_cli_reads_it():
-    args, parsed = engine_flags({**CPU_POOL, "dtype": "bfloat16", "quant": "balanced,head=int4:g32"})
+    args, parsed = engine_command({**CPU_POOL, "dtype": "bfloat16", "quant": "balanced,head=int4:g32"})
     assert args[args.index("--quant") + 1] == "balanced,head=int4:g32"
     assert (parsed.quant, parsed.dtype, parsed.device) == ("balanced,head=int4:g32", "bfloat16", "cpu")
-    assert api_server_accepts({**GPU_POOL, "quant": "small"}) == []  # on a GPU: the Triton kernel
-    args, parsed = engine_flags({**GPU_POOL, "quant": "small"})
+    assert api_server_errors({**GPU_POOL, "quant": "small"}) == []  # on a GPU: the Triton kernel
+    args, parsed = engine_command({**GPU_POOL, "quant": "small"})
     assert (parsed.quant, parsed.device) == ("small", "cuda")
-    args, parsed = engine_flags(CPU_POOL)
+    args, parsed = engine_command(CPU_POOL)
     assert "--quant" not in args and parsed.quant is None  # the engine's default: unquantised
 
 
