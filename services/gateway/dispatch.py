@@ -39,6 +39,7 @@ from services.gateway.errors import (
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.prefix_index import PrefixIndex
 from services.gateway.registry_view import RegistryView
+from services.gateway.responses import FINISH_REASONS
 from services.gateway.routing import (
     EngineView,
     PoolInfo,
@@ -120,7 +121,8 @@ class OpenedStream:
         """Every response up to and including the Final. A lost engine raises EngineLost, and so
         does an Error CANCELLED (the engine shut down before the answer was done); another
         Error raises OpenAIError, and so does a Final ABORT (the engine stopped the request
-        unfinished: not an answer); a passed deadline raises a 504."""
+        unfinished: not an answer) or with a finish reason this gateway does not know; a passed
+        deadline raises a 504."""
         message = self.first
         while True:
             if message is ENGINE_GONE:
@@ -137,6 +139,9 @@ class OpenedStream:
             if kind == "final" and message.final.finish_reason == k25_pb2.ABORT:
                 raise OpenAIError(502, "the engine stopped this request before it finished; the answer is incomplete",
                                   "server_error", "engine_aborted")
+            if kind == "final" and message.final.finish_reason not in FINISH_REASONS:  # an engine newer than this gateway
+                raise OpenAIError(502, f"the engine ended this request with finish reason {message.final.finish_reason}, "
+                                       "which this gateway does not know", "server_error", "engine_error")
             yield message
             if kind == "final":
                 self.errors.served(self.engine.engine_id)

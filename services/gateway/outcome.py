@@ -60,7 +60,7 @@ class RequestOutcome:
     def finished(self, final: k25_pb2.Final) -> None:
         self.span.set_attributes({
             "gen_ai.usage.input_tokens": final.usage.prompt_tokens, "gen_ai.usage.output_tokens": final.usage.completion_tokens,
-            "gen_ai.response.finish_reasons": [FINISH_REASONS.get(final.finish_reason, "stop")],
+            "gen_ai.response.finish_reasons": [FINISH_REASONS[final.finish_reason]],
             "k25.pad_tokens": final.usage.pad_tokens, "k25.cached_tokens": final.usage.cached_tokens,
             "k25.expected_cached_tokens": self.expected_cached_tokens,
         })

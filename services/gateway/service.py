@@ -197,7 +197,7 @@ class Gateway:
         if body.stream:
             return await self.stream(job, shape, parent_span)
         answer = await self.generate(job, shape, parent_span)
-        choice = {"index": 0, "finish_reason": FINISH_REASONS.get(answer.final.finish_reason, "stop"),
+        choice = {"index": 0, "finish_reason": FINISH_REASONS[answer.final.finish_reason],
                   "logprobs": merge_logprobs(answer.logprob_parts)}
         if chat:
             choice["message"] = {"role": "assistant", "content": answer.text}
@@ -297,7 +297,7 @@ class Gateway:
                     continue
                 final = message.final
                 outcome.finished(final)
-                reason = FINISH_REASONS.get(final.finish_reason, "stop")
+                reason = FINISH_REASONS[final.finish_reason]
                 if shape.chat:
                     yield sse(chat_chunk(job.request_id, created, job.model, {}, reason))
                 else:
