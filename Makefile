@@ -54,11 +54,11 @@ $(HELM):
 chart-crds:
 	cp k8s/crds/*.yaml charts/k25/crds/
 
-# the CPU attention kernel, compiled once for this machine (into torch's extension cache,
+# the CPU kernels (attention, fused layer steps), compiled once for this machine (into torch's extension cache,
 # ~/.cache/torch_extensions) before any engine starts, rather than by several at once
 KERNELS := $(VENV)/.kernels
-$(KERNELS): $(STAMP) engine/csrc/paged_attention_cpu.cpp engine/paged_attention_cpu.py
-	$(BIN)/python -c "from engine.paged_attention_cpu import cpu_kernel; assert cpu_kernel(), 'the CPU attention kernel did not build'"
+$(KERNELS): $(STAMP) $(wildcard engine/csrc/*.cpp engine/csrc/*.h) engine/cpu_kernels.py
+	$(BIN)/python -c "from engine.cpu_kernels import cpu_kernel; assert cpu_kernel(), 'the CPU kernels did not build'"
 	touch $(KERNELS)
 
 run: need-redis-server $(STAMP) $(KERNELS)

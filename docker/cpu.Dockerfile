@@ -40,7 +40,7 @@ RUN pip install --no-deps /src
 
 FROM ${PYTHON_IMAGE}
 ARG PART
-# the engine compiles its CPU attention kernel for the node it lands on (-march=native) at
+# the engine compiles its CPU kernels (attention, fused layer steps) for the node it lands on (-march=native) at
 # start, into the /tmp cache: it needs a C++ compiler (the image has Python's headers)
 RUN if [ "$PART" = engine-cpu ]; then apt-get update && apt-get install -y --no-install-recommends g++ \
         && rm -rf /var/lib/apt/lists/*; fi

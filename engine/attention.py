@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.forward_batch import DecodeGroup, ForwardBatch, PrefillSlice
-from engine.paged_attention_cpu import cpu_kernel, paged_attention_cpu
+from engine.cpu_kernels import cpu_kernel
+from engine.paged_attention_cpu import paged_attention_cpu
 
 NEG_INF = float("-inf")
 
@@ -38,15 +39,11 @@ class GatherBuffers:
 
 def paged_attention(
     q: torch.Tensor,  # [T, heads, head_dim]
-    k: torch.Tensor,  # [T, kv_heads, head_dim]
-    v: torch.Tensor,
-    k_cache: torch.Tensor,  # [kv_heads, slots, head_dim], this layer
+    k_cache: torch.Tensor,  # [kv_heads, slots, head_dim], this layer, the step's new K/V written (engine/layer_ops.py)
     v_cache: torch.Tensor,
     batch: ForwardBatch,
     buffers: GatherBuffers,
 ) -> torch.Tensor:
-    k_cache.index_copy_(1, batch.slot_mapping, k.transpose(0, 1))
-    v_cache.index_copy_(1, batch.slot_mapping, v.transpose(0, 1))
     kv_heads, slots, head_dim = k_cache.shape
     block_size = batch.block_size
     scale = head_dim**-0.5
@@ -65,7 +62,8 @@ def paged_attention(
     for s in batch.prefills:
         rows = slice(s.start, s.start + s.length)
         if s.seq_len == s.length:  # the slice is the whole context so far
-            out[rows] = _first_slice(q[rows], k[rows], v[rows])
+            new = batch.slot_mapping[rows]
+            out[rows] = _first_slice(q[rows], k_cache[:, new], v_cache[:, new])
         else:
             out[rows] = _later_slice(q[rows], k_blocks, v_blocks, s, scale, buffers)
     return out
@@ -98,9 +96,10 @@ def _decode_group(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tenso
 
 
 def _first_slice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """A slice that starts its sequence: causal attention over its own tokens."""
+    """A slice that starts its sequence: causal attention over its own tokens (k, v: [kv_heads,
+    n, head_dim], read back from the cache)."""
     attended = F.scaled_dot_product_attention(
-        q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0), is_causal=True, enable_gqa=True
+        q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), is_causal=True, enable_gqa=True
     )
     return attended.squeeze(0).transpose(0, 1)
 

@@ -6,24 +6,18 @@ layer; final norm and the LM head run only on rows whose next token is sampled."
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from common.quant_spec import NO_QUANT, LayerQuant, QuantSpec
 from engine.attention import GatherBuffers, paged_attention
+from engine.cpu_kernels import cpu_kernel
 from engine.base.model_config import ModelConfig
 from engine.forward_batch import ForwardBatch
 from engine.kv_cache import KVCache
+from engine.layer_ops import add_rms_norm, rotary_to_cache, silu_mul
 from engine.linear import Weight
 from engine.lora.slots import LoRASlots
-from engine.paged_attention_cpu import cpu_kernel
 from engine.quant import build
-from engine.rope import RotaryEmbedding, apply_rotary
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x (the fp32 residual stream) normalised in fp32, then cast to the weights' dtype and
-    scaled (as Hugging Face's LlamaRMSNorm)."""
-    return weight * F.rms_norm(x, x.shape[-1:], eps=eps).to(weight.dtype)
+from engine.rope import RotaryEmbedding
 
 
 @dataclass
@@ -102,25 +96,24 @@ class LlamaModel:
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Logits [len(batch.logits_rows), vocab] for the rows that are sampled."""
         c = self.config
-        q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        cos, sin = self.rope.tables(batch.positions)
+        eps, q_size = c.rms_norm_eps, c.num_heads * c.head_dim
         # the residual stream stays in fp32 whatever the weights' dtype: in bf16 (8 mantissa bits)
         # each of the 2 x layers updates added to it would be rounded (SmolLM2 teacher-forced:
         # top-1 agreement with fp32 0.960 with a bf16 residual, 0.967 with this)
         x = self.embed_tokens[batch.input_ids].float()
+        mlp_out = None  # each layer's MLP output is added to x by the next layer's first norm
         for index, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
+            h = add_rms_norm(x, mlp_out, layer.input_norm, eps)
             qkv = self._project(batch, index, "qkv", h, layer.qkv, layer.qkv_bias)
-            qk, v = qkv.split([q_size + kv_size, kv_size], dim=-1)
-            qk = apply_rotary(qk.reshape(-1, c.num_heads + c.num_kv_heads, c.head_dim), cos, sin)
-            q, k = qk.split([c.num_heads, c.num_kv_heads], dim=1)
-            v = v.reshape(-1, c.num_kv_heads, c.head_dim)
-            attended = paged_attention(q, k, v, kv.k[index], kv.v[index], batch, self.gather_buffers)
-            x += self._project(batch, index, "o", attended.view(-1, q_size), layer.o, layer.o_bias)
-            h = rms_norm(x, layer.post_attention_norm, c.rms_norm_eps)
-            gate, up = self._project(batch, index, "gate_up", h, layer.gate_up).chunk(2, dim=-1)
-            x += self._project(batch, index, "down", F.silu(gate) * up, layer.down)
-        return self.logits(rms_norm(x[batch.logits_rows], self.norm, c.rms_norm_eps))
+            q = rotary_to_cache(qkv, self.rope.cos, self.rope.sin, batch.positions, batch.slot_mapping, kv.k[index], kv.v[index],
+                                c.num_heads)
+            attended = paged_attention(q, kv.k[index], kv.v[index], batch, self.gather_buffers)
+            h = add_rms_norm(x, self._project(batch, index, "o", attended.view(-1, q_size), layer.o, layer.o_bias),
+                             layer.post_attention_norm, eps)
+            mlp_out = self._project(batch, index, "down", silu_mul(self._project(batch, index, "gate_up", h, layer.gate_up)),
+                                    layer.down)
+        x += mlp_out
+        return self.logits(add_rms_norm(x[batch.logits_rows], None, self.norm, eps))
 
     def logits(self, last: torch.Tensor) -> torch.Tensor:
         """fp32 logits of the final hidden states `last` (fp32). In a 16-bit dtype the head runs

@@ -36,13 +36,9 @@ class RotaryEmbedding:
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None, device, dtype):
         inv_freq = inverse_frequencies(head_dim, theta, scaling)
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-        # Hugging Face repeats the angles for both halves of the head; one half is all we need
+        # [positions, head_dim / 2]: Hugging Face repeats the angles for both halves of the head; one half is all we need
         self.cos = angles.cos().to(device=device, dtype=dtype)
         self.sin = angles.sin().to(device=device, dtype=dtype)
-
-    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin for `positions`, shaped [tokens, 1, head_dim / 2] to broadcast over heads."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -4,9 +4,11 @@
 // that head's query heads together, so every K/V row is read once for the whole GQA group.
 // With AVX512-BF16 (bf16 caches) q.k runs as bf16 pair products summed in fp32 and V rows are
 // widened once per 16 columns; other dtypes and CPUs take plain loops the compiler vectorises.
-// Built by engine/paged_attention_cpu.py for the machine it runs on (-march=native).
+// Built by engine/cpu_kernels.py for the machine it runs on (-march=native).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+
+#include "cpu_math.h"
 
 #include <algorithm>
 #include <cmath>
@@ -19,35 +21,8 @@
 
 namespace {
 
-inline float to_float(float x) { return x; }
-inline float to_float(c10::BFloat16 x) {
-  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
-  float out;
-  std::memcpy(&out, &bits, sizeof(out));
-  return out;
-}
-inline float to_float(c10::Half x) { return static_cast<float>(x); }
-
-// exp for x <= 0 (scores minus their maximum), vectorisable: 2^n by the exponent bits times
-// a degree-7 polynomial on the reduced argument (|r| <= ln2 / 2); relative error under
-// float32's eps (0.83 eps over [-87, 0], evaluated without FMA).
-inline float exp_nonpositive(float x) {
-  x = x < -87.f ? -87.f : x;
-  const float n = static_cast<float>(static_cast<int32_t>(x * 1.44269504f - 0.5f));
-  const float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
-  float p = 1.f / 5040;
-  p = p * r + 1.f / 720;
-  p = p * r + 1.f / 120;
-  p = p * r + 1.f / 24;
-  p = p * r + 1.f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.f;
-  p = p * r + 1.f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
+using k25::exp_nonpositive;
+using k25::to_float;
 
 // A sequence's context rows in one KV head of the cache: row(pos) is position pos's K (or V)
 // row, found through the block table once per task rather than once per read.
@@ -289,8 +264,4 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
     default: TORCH_CHECK(false, "unsupported dtype ", q.scalar_type());
   }
   return out;
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_attention", &paged_attention, "varlen paged attention through block tables (prefill slices and decodes)");
 }

@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from engine import paged_attention_cpu
+from engine import cpu_kernels, paged_attention_cpu
 from engine.paged_attention_reference import paged_attention_reference
 from tests.helpers.paged_attention_cases import MIXED, error_bound, paged_batch, random_specs
 
@@ -24,7 +24,7 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 @pytest.fixture(scope="module")
 def kernel():
-    module = paged_attention_cpu.cpu_kernel()
+    module = cpu_kernels.cpu_kernel()
     assert module is not None, "the CPU kernel did not build (see the warning logged)"
     return paged_attention_cpu.paged_attention_cpu
 
@@ -132,11 +132,11 @@ def test_a_query_head_count_that_is_not_a_multiple_of_the_kv_heads_is_refused(ke
 def test_a_lock_left_by_a_process_killed_mid_build_does_not_stop_the_next_start(kernel):
     """torch waits as long as its lock file exists; one left behind would hang every later
     engine start on this machine (seen after a build was killed)."""
-    (paged_attention_cpu.build_directory() / "lock").touch()
-    started = subprocess.run([sys.executable, "-c", "from engine.paged_attention_cpu import cpu_kernel; assert cpu_kernel()"],
+    (cpu_kernels.build_directory() / "lock").touch()
+    started = subprocess.run([sys.executable, "-c", "from engine.cpu_kernels import cpu_kernel; assert cpu_kernel()"],
                              capture_output=True, text=True, timeout=600)
     assert started.returncode == 0, started.stderr
-    assert not (paged_attention_cpu.build_directory() / "lock").exists()
+    assert not (cpu_kernels.build_directory() / "lock").exists()
 
 
 def test_without_a_compiler_the_engine_keeps_the_torch_path(monkeypatch, caplog):
@@ -146,12 +146,12 @@ def test_without_a_compiler_the_engine_keeps_the_torch_path(monkeypatch, caplog)
         raise RuntimeError("no C++ compiler found")
 
     monkeypatch.setattr(torch.utils.cpp_extension, "load", no_compiler)
-    paged_attention_cpu.cpu_kernel.cache_clear()
+    cpu_kernels.cpu_kernel.cache_clear()
     try:
-        with caplog.at_level(logging.WARNING, logger="engine.paged_attention_cpu"):
-            assert paged_attention_cpu.cpu_kernel() is None
+        with caplog.at_level(logging.WARNING, logger="engine.cpu_kernels"):
+            assert cpu_kernels.cpu_kernel() is None
         assert "using the torch path" in caplog.text and "no C++ compiler found" in caplog.text
         with pytest.raises(RuntimeError, match="could not be built"):
             paged_attention_cpu.paged_attention_cpu(*([None] * 6), 16, 1.0)
     finally:
-        paged_attention_cpu.cpu_kernel.cache_clear()
+        cpu_kernels.cpu_kernel.cache_clear()
