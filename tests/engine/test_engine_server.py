@@ -139,8 +139,9 @@ def test_cancel_mid_stream_ends_the_request_and_frees_its_kv(engine, client, pro
     send(client, message)
     first = receive(client)
     assert first.WhichOneof("kind") == "delta" and first.delta.request_id == request_id
+    # cancelled at once: waiting for a heartbeat to show the KV in use could outlast the request
+    # itself (1,500 tokens of the tiny model take ~2 s once its layer steps are fused)
     wait_until(lambda: scrape(engine)["k25_engine_kv_usage_ratio"] > 0, what="KV in use on /metrics")
-    wait_until(lambda: engine.registry_entry()["free_kv_fraction"] < 1.0, what="KV in use in the heartbeat")
 
     send(client, k25_pb2.ClientMessage(cancel=k25_pb2.CancelRequest(request_id=request_id)))
     messages = receive_until_done(client, request_id)
