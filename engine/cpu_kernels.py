@@ -1,6 +1,6 @@
 """The CPU kernels (engine/csrc/: paged attention and the fused layer steps), one module
 compiled at first use for the CPU it runs on and cached (under TORCH_EXTENSIONS_DIR, by default
-~/.cache/torch_extensions, in a folder per CPU, source and flags): about 25 s the first time
+~/.cache/torch_extensions, in a folder per CPU, source and flags): about 25-40 s the first time
 on 2 cores, a load after that. Processes that start together wait for one build; a process
 killed mid-build leaves torch's lock file behind, which would make every later start wait
 forever, so the build runs under a lock the kernel releases when its holder dies, and that
@@ -24,7 +24,7 @@ SOURCES = sorted((Path(__file__).parent / "csrc").glob("*.cpp"))
 HEADERS = sorted((Path(__file__).parent / "csrc").glob("*.h"))
 # fast-math's parts, not -ffast-math itself: linked with that, GCC sets flush-to-zero for the
 # whole process, which would change every torch op's results on denormals. No contraction of
-# a * b + c into one fused multiply-add: the fused layer steps round as torch's ops do
+# a * b + c into one fused multiply-add: k25::exp_nonpositive's error bound assumes none
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffinite-math-only",
          "-fno-signed-zeros", "-fassociative-math", "-freciprocal-math", "-ffp-contract=off"]
 
