@@ -22,9 +22,12 @@ would be ready. A pure function, built on the reactive one; no Kubernetes, no Re
   any plan). The TTFT window trails the load by up to a minute, less than a pod's start-up, so
   it adds at most one pod more than the queue would have. While pods
   are missing, the pool starts extra pods, `hedge` for each pod the plan still lacks ready, at
-  most `max_hedge_pods`. Start-up times are spread (one to five minutes), so the first of
-  more pods are ready sooner; the extra ones go, starting ones first, as the plan's pods
-  become ready and the queue drains.
+  most `max_hedge_pods` or `max_hedge_share` of the ready pods, whichever is more. Start-up
+  times are spread (one to five minutes), so the first of more pods are ready sooner; the
+  extra ones go, starting ones first, as the plan's pods become ready and the queue drains.
+  The pool is over capacity until the last missing pod is ready, and a burst of the same
+  relative size misses more pods in a bigger pool: a fixed ceiling would hedge its last pods
+  ever more thinly, hence the share.
 - Nodes: while the scheduler reports a pod of the pool Unschedulable, the pool does not
   grow; pods that already wait for a node keep waiting (a cluster autoscaler may add one).
 """
@@ -49,14 +52,16 @@ class PredictiveRules:
     queue_per_replica: float | None = 8.0  # None: no queue guard
     ttft_slo_s: float | None = None  # None: no latency guard
     hedge: float = 4.0  # extra pods per pod the plan still lacks ready...
-    max_hedge_pods: int = 10  # ...but no more than this many
+    max_hedge_pods: int = 10  # ...but no more than this many,
+    max_hedge_share: float = 0.7  # or than this share of the ready pods, if that is more
 
     def __post_init__(self):
         if not 2 <= self.min_points <= self.fit_window_s // 2:
             raise ValueError(f"need 2 <= min_points <= fit_window_s / 2, got {self.min_points} and "
                              f"{self.fit_window_s}")
-        if min(self.clear_trend, self.default_startup_s, self.hedge, self.max_hedge_pods) < 0:
-            raise ValueError("clear_trend, default_startup_s, hedge and max_hedge_pods must not be negative")
+        if min(self.clear_trend, self.default_startup_s, self.hedge, self.max_hedge_pods, self.max_hedge_share) < 0:
+            raise ValueError("clear_trend, default_startup_s, hedge, max_hedge_pods and max_hedge_share must not be "
+                             "negative")
         if not 0 <= self.down_tolerance < 1:
             raise ValueError(f"down_tolerance must be in [0, 1), got {self.down_tolerance}")
         for name in ("queue_per_replica", "ttft_slo_s"):
@@ -156,7 +161,8 @@ def _guard(predictive: PredictiveRules, seen: PoolObservation, signals: PoolSign
 def _hedge(rules: ScalingRules, predictive: PredictiveRules, seen: PoolObservation, planned: float) -> int:
     """The plan's replicas plus extra ones for those not ready yet, within the step limit and max."""
     need = math.ceil(planned / rules.target_qps_per_replica)
-    extra = min(math.ceil(predictive.hedge * max(0, need - seen.ready_replicas)), predictive.max_hedge_pods)
+    ceiling = max(predictive.max_hedge_pods, math.ceil(predictive.max_hedge_share * seen.ready_replicas))
+    extra = min(math.ceil(predictive.hedge * max(0, need - seen.ready_replicas)), ceiling)
     step_limit = max(math.floor(seen.replicas * rules.max_step_factor), seen.replicas + 1)
     return min(need + extra, step_limit, rules.max_replicas)
 

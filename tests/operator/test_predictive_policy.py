@@ -99,6 +99,18 @@ def test_the_hedge_has_a_ceiling_and_the_step_limit():
     assert decide_predictive(RULES, PREDICTIVE, seen(6, 800.0, ready=4), queueing, covered(0)).replicas == 12
 
 
+def test_a_bigger_pool_hedges_up_to_a_share_of_its_ready_pods():
+    rules = ScalingRules(min_replicas=1, max_replicas=100)
+    queueing = PoolSignals((3200.0,) * 240, waiting=5000)
+    # the plan wants 40 and 20 are ready: 20 missing would hedge 80; the ceiling is 0.7 x 20 = 14, not 10
+    assert decide_predictive(rules, PREDICTIVE, seen(40, 3200.0, ready=20), queueing, covered(0)).replicas == 54
+    fixed = PredictiveRules(max_hedge_share=0.0)
+    assert decide_predictive(rules, fixed, seen(40, 3200.0, ready=20), queueing, covered(0)).replicas == 50
+    # a share below the fixed ceiling leaves the fixed ceiling
+    assert decide_predictive(rules, PREDICTIVE, seen(24, 1920.0, ready=12), PoolSignals((1920.0,) * 240, waiting=5000),
+                             covered(0)).replicas == 34
+
+
 def test_the_decision_reports_the_forecast_and_why():
     decision = decide_predictive(RULES, PREDICTIVE, seen(6, 479.0), PoolSignals(ramp(240.0, 1.0), (120.0,) * 3),
                                  covered(0))
@@ -160,6 +172,8 @@ def test_rules_refuse_nonsense():
         PredictiveRules(hedge=-1)
     with pytest.raises(ValueError, match="negative"):
         PredictiveRules(max_hedge_pods=-1)
+    with pytest.raises(ValueError, match="negative"):
+        PredictiveRules(max_hedge_share=-0.1)
     with pytest.raises(ValueError, match="down_tolerance"):
         PredictiveRules(down_tolerance=1.0)
     with pytest.raises(ValueError, match="queue_per_replica"):
