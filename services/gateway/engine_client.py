@@ -4,8 +4,9 @@ A reader task reads the engine's frames, each an EngineBatch (every message of o
 step for this gateway's requests), and hands each EngineMessage in it, in order, to the
 stream of its request_id; a frame it cannot read is logged and dropped. The socket's
 monitor tells when the engine's connection drops (the process died, or ZMQ's own
-heartbeat found it hung): every stream still open on it gets ENGINE_GONE, so no request
-waits forever on an engine that is not there. Sends never block: with ZMQ_IMMEDIATE a
+heartbeat found it hung): once the frames already received are handed over, every stream
+still open on it gets ENGINE_GONE, so no request waits forever on an engine that is not
+there. Sends never block: with ZMQ_IMMEDIATE a
 message is only queued on a live connection, and a full queue is a refusal the caller
 can take elsewhere.
 """
@@ -76,7 +77,7 @@ class EngineConnection:
             make_client(self.socket, curve_secret_key)
         self._monitor = self.socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         self.socket.connect(f"tcp://{address}")
-        self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._watch())]
+        self._tasks = [asyncio.create_task(self._pump())]
 
     async def submit(self, request: k25_pb2.GenerateRequest, connect_timeout_s: float) -> EngineStream:
         if request.request_id in self.streams:
@@ -114,17 +115,46 @@ class EngineConnection:
         if sent.done() and sent.exception() is not None:
             raise sent.exception()
 
-    async def _read(self) -> None:
+    async def _pump(self) -> None:
+        """One task reads both the engine's frames and the monitor's events, frames first: an
+        engine that finishes its last answers and then closes (a drain) has those frames in
+        the socket before its disconnect is seen, and they must reach their streams before
+        ENGINE_GONE does."""
+        frame = event = None
+        try:
+            while True:
+                frame = frame or self.socket.recv()
+                event = event or self._monitor.recv_multipart()
+                done, _ = await asyncio.wait((frame, event), return_when=asyncio.FIRST_COMPLETED)
+                if frame in done:
+                    self._deliver_frame(frame.result())
+                    frame = None
+                    continue
+                self._handle_event(parse_monitor_message(event.result()))
+                event = None
+        finally:
+            for pending in (frame, event):
+                if pending is not None:
+                    pending.cancel()
+
+    def _deliver_frame(self, payload: bytes) -> None:
+        batch = k25_pb2.EngineBatch()
+        try:
+            batch.ParseFromString(payload)
+        except Exception:  # a frame we cannot read must not stop the reader
+            log.warning("unreadable frame from engine %s (%d bytes)", self.address, len(payload))
+            return
+        for message in batch.messages:
+            self._deliver(message)
+
+    def _deliver_waiting_frames(self) -> None:
+        """Every frame already in the socket, now (a non-blocking read; the pending one in
+        _pump is not done, or it would have been handled first)."""
         while True:
-            payload = await self.socket.recv()
-            batch = k25_pb2.EngineBatch()
-            try:
-                batch.ParseFromString(payload)
-            except Exception:  # a frame we cannot read must not stop the reader
-                log.warning("unreadable frame from engine %s (%d bytes)", self.address, len(payload))
-                continue
-            for message in batch.messages:
-                self._deliver(message)
+            received = self.socket.recv(zmq.NOBLOCK)
+            if received.exception() is not None:
+                return  # zmq.Again: none left
+            self._deliver_frame(received.result())
 
     def _deliver(self, message: k25_pb2.EngineMessage) -> None:
         kind = message.WhichOneof("kind")
@@ -138,17 +168,16 @@ class EngineConnection:
         elif kind == "error" and not request_id:
             log.warning("engine %s: %s", self.address, message.error.message)
 
-    async def _watch(self) -> None:
-        while True:
-            event = parse_monitor_message(await self._monitor.recv_multipart())
-            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self.connected.set()
-            elif event["event"] == zmq.EVENT_DISCONNECTED:
-                self.connected.clear()
-                if self.streams:
-                    log.warning("engine %s disconnected with %d open requests", self.address, len(self.streams))
-                for stream in list(self.streams.values()):
-                    stream.queue.put_nowait(ENGINE_GONE)
+    def _handle_event(self, event: dict) -> None:
+        if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self.connected.set()
+        elif event["event"] == zmq.EVENT_DISCONNECTED:
+            self.connected.clear()
+            self._deliver_waiting_frames()
+            if self.streams:
+                log.warning("engine %s disconnected with %d open requests", self.address, len(self.streams))
+            for stream in list(self.streams.values()):
+                stream.queue.put_nowait(ENGINE_GONE)
 
     async def close(self) -> None:
         for task in self._tasks:
