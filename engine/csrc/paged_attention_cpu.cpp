@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512BF16__)
@@ -168,27 +169,222 @@ void weigh<c10::BFloat16>(float* acc, const float* probs, const PagedRows<c10::B
 }
 #endif
 
+#if defined(__AVX512BF16__)
+// Prefill slices in bf16 attend as tiles: a tile's query rows (all their group's heads: the
+// tile's "query vectors") against its sequence's context, both products as bf16 pair dot
+// products summed in fp32, with K and V repacked once per (sequence, KV head) so that each
+// packed vector serves every query vector of every tile (the per-row path reads each K row
+// once per query row and reduces 16 dot products across lanes). The probabilities are rounded
+// to bf16 before p.v, as FlashAttention and torch's CPU SDPA do.
+struct PackedContext {
+  // keys[(tile * dim / 2 + pair) * 16 + lane]: key 16 * tile + lane's dims 2 pair, 2 pair + 1
+  std::vector<uint32_t> keys;
+  // values[(pair * dim / 16 + column) * 16 + lane]: keys 2 pair and 2 pair + 1 at dim 16 column + lane
+  std::vector<uint32_t> values;
+};
+
+inline bool tiles_apply(int64_t dim) { return dim % 32 == 0 && dim <= 256; }
+
+void pack_context(PackedContext& packed, const PagedRows<c10::BFloat16>& keys, const PagedRows<c10::BFloat16>& values,
+                  int64_t length, int64_t dim) {
+  const int64_t pairs = dim / 2, tiles = (length + 15) / 16, key_pairs = (length + 1) / 2, columns = dim / 16;
+  packed.keys.assign(tiles * pairs * 16, 0u);
+  for (int64_t pos = 0; pos < length; ++pos) {
+    const uint32_t* row = reinterpret_cast<const uint32_t*>(keys.row(pos));
+    uint32_t* tile = packed.keys.data() + (pos / 16) * pairs * 16 + pos % 16;
+    for (int64_t p = 0; p < pairs; ++p) tile[p * 16] = row[p];
+  }
+  packed.values.resize(key_pairs * columns * 16);
+  for (int64_t pair = 0; pair < key_pairs; ++pair) {
+    const uint16_t* even = reinterpret_cast<const uint16_t*>(values.row(2 * pair));
+    const uint16_t* odd = 2 * pair + 1 < length ? reinterpret_cast<const uint16_t*>(values.row(2 * pair + 1)) : nullptr;
+    uint32_t* out = packed.values.data() + pair * columns * 16;
+    for (int64_t d = 0; d < dim; ++d) out[d] = even[d] | (odd ? static_cast<uint32_t>(odd[d]) << 16 : 0u);
+  }
+}
+
+struct TileScratch {
+  std::vector<float> scores;  // [query vector][positions]
+  std::vector<uint16_t> probs;  // bf16 bits, [query vector][positions rounded up to a pair], zero past each one's length
+};
+
+// The tile's query vectors j = row * group + g (row r of the tile sees base + r positions).
+// COLUMNS = dim / 16; the p.v accumulators of BLOCK query vectors stay in registers.
+template <int COLUMNS>
+void attend_tile(c10::BFloat16* out, const c10::BFloat16* q, const PackedContext& packed, TileScratch& scratch,
+                 int64_t first_row, int64_t rows, int64_t heads, int64_t head, int64_t group, int64_t base, float scale) {
+  constexpr int64_t dim = COLUMNS * 16, pairs = dim / 2;
+  constexpr int BLOCK = COLUMNS >= 24 ? 1 : 24 / COLUMNS;
+  const int64_t vectors = rows * group, longest = base + rows - 1;
+  const int64_t stride = (longest + 15) / 16 * 16;  // a score row: whole key tiles
+  const int64_t prob_stride = stride;  // even, so each row's pairs stay 32-bit aligned
+  scratch.scores.resize(vectors * stride);
+  scratch.probs.resize(vectors * prob_stride);
+  auto query = [&](int64_t j) { return q + ((first_row + j / group) * heads + head * group + j % group) * dim; };
+  auto length = [&](int64_t j) { return base + j / group; };
+  const __m512 scaled = _mm512_set1_ps(scale);
+  static const uint32_t zeros[pairs] = {};
+  for (int64_t j0 = 0; j0 < vectors; j0 += 8) {  // q.k: 8 query vectors against each packed key tile
+    const int64_t count = std::min<int64_t>(8, vectors - j0);
+    const uint32_t* qs[8];
+    for (int64_t i = 0; i < 8; ++i) qs[i] = i < count ? reinterpret_cast<const uint32_t*>(query(j0 + i)) : zeros;
+    const int64_t seen = length(j0 + count - 1);
+    const int64_t tiles = (seen + 15) / 16;
+    for (int64_t tile = 0; tile < tiles; tile += 2) {  // two key tiles a pass: each broadcast serves 32 keys
+      const uint32_t* keys = packed.keys.data() + tile * pairs * 16;
+      const uint32_t* next = tile + 1 < tiles ? keys + pairs * 16 : keys;  // an odd last tile: itself again
+      __m512 acc[8], acc_next[8];
+      for (int i = 0; i < 8; ++i) acc[i] = acc_next[i] = _mm512_setzero_ps();
+      for (int64_t p = 0; p < pairs; ++p) {
+        const __m512bh k = (__m512bh)_mm512_loadu_si512(keys + p * 16), k_next = (__m512bh)_mm512_loadu_si512(next + p * 16);
+        for (int i = 0; i < 8; ++i) {
+          const __m512bh qp = (__m512bh)_mm512_set1_epi32(qs[i][p]);
+          acc[i] = _mm512_dpbf16_ps(acc[i], qp, k);
+          acc_next[i] = _mm512_dpbf16_ps(acc_next[i], qp, k_next);
+        }
+      }
+      for (int64_t i = 0; i < count; ++i) {
+        float* row = scratch.scores.data() + (j0 + i) * stride + tile * 16;
+        _mm512_storeu_ps(row, _mm512_mul_ps(acc[i], scaled));
+        if (tile + 1 < tiles) _mm512_storeu_ps(row + 16, _mm512_mul_ps(acc_next[i], scaled));
+      }
+    }
+  }
+  for (int64_t j = 0; j < vectors; ++j) {  // softmax over each vector's own positions, rounded to bf16
+    float* s = scratch.scores.data() + j * stride;
+    uint16_t* p = scratch.probs.data() + j * prob_stride;
+    const int64_t seen = length(j);
+    float m = s[0];
+    for (int64_t pos = 1; pos < seen; ++pos) m = std::max(m, s[pos]);
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t pos = 0; pos < seen; ++pos) {
+      s[pos] = exp_nonpositive(s[pos] - m);
+      sum += s[pos];
+    }
+    const __m512 inv = _mm512_set1_ps(1.f / sum);
+    for (int64_t pos = 0; pos < prob_stride; pos += 16) {  // zero past `seen`: p.v reads whole pairs
+      const __mmask16 valid = pos >= seen ? 0 : seen - pos >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (seen - pos)) - 1);
+      const __m512 weights = _mm512_mul_ps(_mm512_maskz_loadu_ps(valid, s + pos), inv);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + pos), (__m256i)_mm512_cvtneps_pbh(weights));
+    }
+  }
+  for (int64_t j0 = 0; j0 < vectors; j0 += BLOCK) {  // p.v: BLOCK vectors x COLUMNS accumulators
+    const int64_t count = std::min<int64_t>(BLOCK, vectors - j0);
+    const uint32_t* ps[BLOCK];
+    for (int64_t i = 0; i < BLOCK; ++i) ps[i] = reinterpret_cast<const uint32_t*>(scratch.probs.data() + (j0 + std::min(i, count - 1)) * prob_stride);
+    __m512 acc[BLOCK][COLUMNS];
+    for (int i = 0; i < BLOCK; ++i)
+      for (int c = 0; c < COLUMNS; ++c) acc[i][c] = _mm512_setzero_ps();
+    const int64_t key_pairs = (length(j0 + count - 1) + 1) / 2;
+    for (int64_t pair = 0; pair < key_pairs; ++pair) {
+      __m512bh v[COLUMNS];
+      for (int c = 0; c < COLUMNS; ++c) v[c] = (__m512bh)_mm512_loadu_si512(packed.values.data() + (pair * COLUMNS + c) * 16);
+      for (int i = 0; i < BLOCK; ++i) {
+        const __m512bh p = (__m512bh)_mm512_set1_epi32(ps[i][pair]);
+        for (int c = 0; c < COLUMNS; ++c) acc[i][c] = _mm512_dpbf16_ps(acc[i][c], p, v[c]);
+      }
+    }
+    for (int64_t i = 0; i < count; ++i) {
+      c10::BFloat16* o = out + (query(j0 + i) - q);
+      for (int c = 0; c < COLUMNS; ++c)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + c * 16), (__m256i)_mm512_cvtneps_pbh(acc[i][c]));
+    }
+  }
+}
+
+using TileKernel = void (*)(c10::BFloat16*, const c10::BFloat16*, const PackedContext&, TileScratch&, int64_t, int64_t,
+                            int64_t, int64_t, int64_t, int64_t, float);
+constexpr TileKernel tile_kernels[] = {attend_tile<2>, attend_tile<4>, attend_tile<6>, attend_tile<8>,
+                                       attend_tile<10>, attend_tile<12>, attend_tile<14>, attend_tile<16>};
+#endif
+
+// One task: `rows` consecutive query rows of one sequence in one KV head (a tile of a prefill
+// slice, or a single row).
+struct Task {
+  int64_t seq, first_row, rows, head;
+  int64_t packed;  // its sequence's PackedContext (times kv_heads, plus head), or -1: row by row
+  int64_t cost;  // query rows times positions seen, to start the dearest first
+};
+
 // Every query row of the batch: row i of sequence s (n_s rows this step, L_s tokens in context
 // after it) sits at position L_s - n_s + i and attends to positions 0 .. that one (causal
-// within the step's own rows; a decode is the case n_s = 1). One task per (row, KV head).
+// within the step's own rows; a decode is the case n_s = 1). Tasks are taken dearest first by
+// whichever thread is free: a slice's causal rows differ in cost by up to its length.
 template <typename T>
 void attend(T* out, const T* q, const T* k_cache, const T* v_cache, const int32_t* block_tables,
-            const int32_t* query_start, const int32_t* seq_lens, int64_t num_seqs, int64_t tokens, int64_t heads,
+            const int32_t* query_start, const int32_t* seq_lens, int64_t num_seqs, int64_t heads,
             int64_t kv_heads, int64_t slots, int64_t max_blocks, int64_t block_size, float scale, int64_t dim) {
   const int64_t group = heads / kv_heads;
-  std::vector<int32_t> seq_of(tokens);  // the sequence each query row belongs to
-  for (int64_t s = 0; s < num_seqs; ++s)
-    for (int64_t t = query_start[s]; t < query_start[s + 1]; ++t) seq_of[t] = static_cast<int32_t>(s);
-  // a decode row reads its whole context from memory; a prefill row mostly what its neighbours
-  // just brought into the cache: small grains for the first, larger for the second
-  const int64_t grain = tokens > num_seqs ? 4 : 1;
-  at::parallel_for(0, tokens * kv_heads, grain, [&](int64_t begin, int64_t end) {
+  auto rows_of = [&](int64_t s) -> int64_t { return query_start[s + 1] - query_start[s]; };
+  constexpr bool bf16 = std::is_same_v<T, c10::BFloat16>;
+#if defined(__AVX512BF16__)
+  const bool tiled = bf16 && tiles_apply(dim);
+#else
+  const bool tiled = false;
+#endif
+  std::vector<Task> tasks;
+  std::vector<int64_t> packed_seqs;  // the sequences attended as tiles, each packed once per KV head
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int64_t n = rows_of(s), before = seq_lens[s] - n;
+    if (tiled && n > 1 && before >= 0) {
+      // a tile's scores stay within ~256 KB: fewer rows per tile in a longer context
+      const int64_t per_tile = std::clamp<int64_t>(65536 / (group * std::max<int64_t>(seq_lens[s], 1)), 4, 32);
+      for (int64_t r = 0; r < n; r += per_tile)
+        for (int64_t h = 0; h < kv_heads; ++h) {
+          const int64_t rows = std::min(per_tile, n - r);
+          tasks.push_back({s, query_start[s] + r, rows, h, static_cast<int64_t>(packed_seqs.size()) * kv_heads + h,
+                           rows * std::max<int64_t>(before + r + rows, 0)});
+        }
+      packed_seqs.push_back(s);
+      continue;
+    }
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t h = 0; h < kv_heads; ++h) tasks.push_back({s, query_start[s] + r, 1, h, -1, std::max<int64_t>(before + r + 1, 0)});
+  }
+  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.cost > b.cost; });
+  auto context = [&](int64_t s, int64_t h, std::vector<int64_t>& offsets) {
+    row_offsets(offsets, block_tables + s * max_blocks, seq_lens[s], block_size, dim);
+    return std::make_pair(PagedRows<T>{k_cache + h * slots * dim, offsets.data()}, PagedRows<T>{v_cache + h * slots * dim, offsets.data()});
+  };
+#if defined(__AVX512BF16__)
+  std::vector<PackedContext> packed(packed_seqs.size() * kv_heads);
+  if constexpr (bf16) {
+    at::parallel_for(0, static_cast<int64_t>(packed.size()), 1, [&](int64_t begin, int64_t end) {
+      std::vector<int64_t> offsets;
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t s = packed_seqs[i / kv_heads];
+        const auto [keys, values] = context(s, i % kv_heads, offsets);
+        pack_context(packed[i], keys, values, seq_lens[s], dim);
+      }
+    });
+  }
+#endif
+  const int64_t task_count = static_cast<int64_t>(tasks.size());
+#pragma omp parallel num_threads(at::get_num_threads()) if (task_count > 1)
+  {
     std::vector<float> scores, acc(group * dim);
     std::vector<int64_t> offsets;
     int64_t offsets_for = -1;  // the sequence `offsets` holds rows of
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t t = task / kv_heads, h = task % kv_heads, s = seq_of[t];
-      const int64_t length = seq_lens[s] - (query_start[s + 1] - 1 - t);  // positions this row sees
+#if defined(__AVX512BF16__)
+    TileScratch scratch;
+#endif
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t index = 0; index < task_count; ++index) {
+      const Task& task = tasks[index];
+      const int64_t s = task.seq, h = task.head;
+      const int64_t before = seq_lens[s] - rows_of(s);  // positions before the slice's first row
+#if defined(__AVX512BF16__)
+      if constexpr (bf16) {
+        if (task.packed >= 0) {
+          const int64_t base = before + (task.first_row - query_start[s]) + 1;
+          tile_kernels[dim / 32 - 1](out, q, packed[task.packed], scratch, task.first_row, task.rows, heads, h, group, base, scale);
+          continue;
+        }
+      }
+#endif
+      const int64_t t = task.first_row;
+      const int64_t length = before + (t - query_start[s]) + 1;  // positions this row sees
       T* out_rows = out + (t * heads + h * group) * dim;
       if (length <= 0) {  // nothing to attend to: a zero row, never a read before the context
         std::fill(out_rows, out_rows + group * dim, static_cast<T>(0));
@@ -218,7 +414,7 @@ void attend(T* out, const T* q, const T* k_cache, const T* v_cache, const int32_
       weigh<T>(acc.data(), scores.data(), values, group, length, dim);
       for (int64_t i = 0; i < group * dim; ++i) out_rows[i] = static_cast<T>(acc[i]);
     }
-  });
+  }
 }
 
 template <typename T>
@@ -227,7 +423,7 @@ void run(torch::Tensor& out, const torch::Tensor& q, const torch::Tensor& k_cach
          int64_t block_size, double scale) {
   attend<T>(out.data_ptr<T>(), q.data_ptr<T>(), k_cache.data_ptr<T>(), v_cache.data_ptr<T>(),
             block_tables.data_ptr<int32_t>(), query_start.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(),
-            seq_lens.size(0), q.size(0), q.size(1), k_cache.size(0), k_cache.size(1), block_tables.size(1), block_size,
+            seq_lens.size(0), q.size(1), k_cache.size(0), k_cache.size(1), block_tables.size(1), block_size,
             static_cast<float>(scale), q.size(2));
 }
 

@@ -4,8 +4,8 @@ contexts of 1 to a few thousand tokens, GQA ratios 1 to 16, head sizes its vecto
 (64, 128) and ones they leave to the plain loops (48, and more than 8 query heads per KV
 head), two block sizes, float32, bfloat16 and float16. Slots no sequence owns hold NaN, so a
 read outside a context shows. The bound is the one the Triton kernel is held to
-(tests/helpers/paged_attention_cases.py) for a kernel that keeps its probabilities in float32
-and makes one pass over the keys."""
+(tests/helpers/paged_attention_cases.py) for a kernel that makes one pass over the keys, with
+its probabilities rounded to bf16 where it attends bf16 prefill slices as tiles."""
 
 import logging
 import random
@@ -40,7 +40,9 @@ def assert_matches_reference(actual, args):
     expected = paged_attention_reference(*args)
     assert actual.dtype == expected.dtype and actual.shape == expected.shape
     assert not actual.isnan().any(), "NaN in the output: a read outside some sequence's context"
-    bound = error_bound(args) + error_bound(args)  # each within its bound of the exact result
+    # each within its bound of the exact result; bf16 prefill tiles round p to bf16 before p.v
+    rounds_p_to = torch.bfloat16 if actual.dtype == torch.bfloat16 else None
+    bound = error_bound(args, rounds_p_to=rounds_p_to) + error_bound(args)
     excess = (actual.double() - expected.double()).abs() - bound
     assert excess.max() <= 0, f"off by more than the rounding bound: worst excess {excess.max():.3g}"
 
@@ -93,6 +95,16 @@ def test_random_batches_match_the_reference(kernel, seed):
 def test_long_contexts_match_the_reference(kernel, dtype):
     """A couple of thousand tokens: decodes, a late chunk and a whole prompt in one batch."""
     args = paged_batch([(1, 3000), (1, 2049), (200, 1800), (512, 512)], 3, 64, 16, dtype, seed=3)
+    assert_matches_reference(run(kernel, args), args)
+
+
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
+@pytest.mark.parametrize("group", [1, 16])
+def test_bf16_prefill_tiles_match_the_reference_at_every_head_size(kernel, head_dim, group):
+    """The tiled bf16 path (head sizes that are multiples of 32, up to 256) with a tile's last
+    query vectors short of a full block of them, a slice that starts mid-block and one row short
+    of a tile, and a decode beside them."""
+    args = paged_batch([(37, 37), (61, 301), (1, 50)], group, head_dim, 16, torch.bfloat16, seed=head_dim + group)
     assert_matches_reference(run(kernel, args), args)
 
 
