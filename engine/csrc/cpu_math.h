@@ -4,21 +4,11 @@
 
 #include <torch/extension.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
 namespace k25 {
-
-// keeps -fassociative-math (engine/cpu_kernels.py's flags) from folding an exact split back
-// into one rounded product (GCC 12+, Clang 15+)
-#if defined(__has_builtin)
-#if __has_builtin(__builtin_assoc_barrier)
-#define K25_ASSOC_BARRIER(x) __builtin_assoc_barrier(x)
-#endif
-#endif
-#ifndef K25_ASSOC_BARRIER
-#define K25_ASSOC_BARRIER(x) (x)
-#endif
 
 inline float to_float(float x) { return x; }
 inline float to_float(c10::BFloat16 x) {
@@ -31,13 +21,15 @@ inline float to_float(c10::Half x) { return static_cast<float>(x); }
 
 // exp for x <= 0 (scores minus their maximum), vectorisable: 2^n by the exponent bits times
 // a degree-7 polynomial on the reduced argument (|r| <= ln2 / 2); relative error under
-// float32's eps (0.83 eps over [-87, 0], evaluated without FMA). ln 2 is split in two (Cody and
-// Waite) so that x - n ln 2 is exact; folded into one product, the error grows with |x|
-// (30 eps at -80).
+// float32's eps (0.83 eps over [-87, 0]). ln 2 is split in two (Cody and Waite) so that
+// x - n ln 2 is exact; folded into one product, the error grows with |x| (30 eps at -80).
+// The two steps are explicit fused multiply-adds: -fassociative-math (engine/cpu_kernels.py's
+// flags) may fold two plain subtractions back into one, and GCC 12 did so in vectorised loops
+// even behind __builtin_assoc_barrier (17 eps at -36).
 inline float exp_nonpositive(float x) {
   x = x < -87.f ? -87.f : x;
   const float n = static_cast<float>(static_cast<int32_t>(x * 1.44269504f - 0.5f));
-  const float r = K25_ASSOC_BARRIER(x - n * 0.693145751953125f) - n * 1.428606765330187e-06f;
+  const float r = std::fma(n, -1.428606765330187e-06f, std::fma(n, -0.693145751953125f, x));
   float p = 1.f / 5040;
   p = p * r + 1.f / 720;
   p = p * r + 1.f / 120;
