@@ -32,21 +32,46 @@ def add_engine_settings(parser: argparse.ArgumentParser) -> None:
                        help="reuse the KV of full blocks whose prompt prefix was computed before (default on)")
     group.add_argument("--gpu-memory-utilization", type=float, default=0.90,
                        help="fraction of GPU memory that weights and KV cache may use (default 0.90)")
+    group.add_argument("--cpu-threads", type=cpu_threads_flag, default="auto", metavar="N|auto",
+                       help="threads for the CPU's compute: auto is the CPUs this process may use, its affinity set "
+                       "capped by its cgroup's CPU quota (a pod's CPU limit), where torch would start one a core of "
+                       "the machine (default auto)")
 
 
-def max_chunk_per_gpu_flag(text: str) -> int | str:
-    """`--max-chunk-per-gpu`: a whole number of chunks, at least 1, or auto (engine/chunk_choice.py)."""
-    from engine.chunk_choice import AUTO
-
-    if text == AUTO:
-        return AUTO
+def _count_or_auto(text: str, unit: str) -> int | str:
+    """A flag's value: a whole number of `unit`, at least 1, or "auto"."""
+    if text == "auto":
+        return text
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of chunks or {AUTO}, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a whole number of {unit} or auto, got {text!r}") from None
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 (or {AUTO}), got {value}")
+        raise argparse.ArgumentTypeError(f"must be at least 1 (or auto), got {value}")
     return value
+
+
+def cpu_threads_flag(text: str) -> int | str:
+    """`--cpu-threads`: threads, or auto (engine/cpu_threads.py)."""
+    return _count_or_auto(text, "threads")
+
+
+def max_chunk_per_gpu_flag(text: str) -> int | str:
+    """`--max-chunk-per-gpu`: chunks, or auto (engine/chunk_choice.py)."""
+    return _count_or_auto(text, "chunks")
+
+
+def set_cpu_threads(flag: int | str) -> int:
+    """torch's intra-op threads (the CPU kernels' too) from --cpu-threads; set before anything
+    runs, the dtype measurement included. Returns the count."""
+    import torch
+
+    from engine.cpu_threads import AUTO, default_cpu_threads
+
+    threads = default_cpu_threads() if flag == AUTO else flag
+    torch.set_num_threads(threads)
+    log.info("%d CPU threads (%s)", threads, "the CPUs this process may use" if flag == AUTO else "--cpu-threads")
+    return threads
 
 
 def load_for_engine(args: argparse.Namespace, **config_fields):
@@ -59,6 +84,7 @@ def load_for_engine(args: argparse.Namespace, **config_fields):
     from engine.loader import load_model, model_config
     from engine.quant.check import check_quant, resolve_dtype
 
+    set_cpu_threads(args.cpu_threads)
     if not 0 < args.gpu_memory_utilization <= 1:
         raise EngineConfigError(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
     if args.max_num_batched_tokens < 1 or args.max_num_seqs < 1:

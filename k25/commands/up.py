@@ -48,7 +48,9 @@ def register(subparsers) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"smollm2-135m, tiny-random, a .gguf file or a folder (default {DEFAULT_MODEL})")
     p.add_argument("--engines", type=int, default=1,
                    help="engine processes per pool (default 1; the minimum with --autoscale, where 0 starts each pool "
-                   "empty and its first requests wake it)")
+                   "empty and its first requests wake it). The machine's CPUs are shared among the most engines "
+                   "that may run (--engines, or --max-engines with --autoscale, per pool): each engine's "
+                   "--cpu-threads, unless --engine-flag sets it")
     p.add_argument("--pool", dest="pools", type=_pool, action="append", metavar="NAME=CHUNK_SIZE",
                    help="an engine pool and its chunk_size; repeatable (default default=256)")
     p.add_argument("--host", default="127.0.0.1", help="gateway address (default 127.0.0.1)")
@@ -91,6 +93,7 @@ class LocalStack:
         self.redis_url = args.redis_url
         self.client = None
         self._engine_counter = 0
+        self.engine_threads = 1  # run() shares the CPUs among the most engines the stack may run
         self._k25 = [sys.executable, "-m", "k25.cli"]
         # engines and the chunker admit only the gateway of this stack (a key made for the run)
         self._transport_env = {CURVE_ENV: os.environ.get(CURVE_ENV) or new_secret_key()}
@@ -143,7 +146,8 @@ class LocalStack:
             *self._k25, "engine", "--model", self.args.model, "--pool", pool, "--chunk-size", str(chunk_size),
             "--bind-address", "127.0.0.1", "--zmq-port", "0", "--metrics-port", str(metrics_port),
             "--drain-timeout-s", str(self.args.drain_timeout_s), "--redis-url", self.redis_url,
-            "--release", self.args.release, "--engine-id", name, *self._lora_flags(), *self.args.engine_flag,
+            "--release", self.args.release, "--engine-id", name, "--cpu-threads", str(self.engine_threads),
+            *self._lora_flags(), *self.args.engine_flag,
         ], ENGINES, self.args.drain_timeout_s + DRAIN_MARGIN_S, self._transport_env)
         child.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         return child
@@ -246,6 +250,7 @@ def run(args) -> int:
     try:
         stack.start_redis()
         local_pools = _make_pools(args, pools)
+        stack.engine_threads = _engine_threads(local_pools)
         for pool in local_pools:
             pool.engines = [stack.spawn_engine(pool.name, pool.chunk_size) for _ in range(args.engines)]
         everyone = [e for pool in local_pools for e in pool.engines]
@@ -306,6 +311,14 @@ def _make_pools(args, pools):
         target_qps_per_replica=args.target_qps_per_replica, scale_down_window_s=args.scale_down_window_s,
     )
     return [LocalPool(name, chunk_size, rules) for name, chunk_size in pools]
+
+
+def _engine_threads(pools) -> int:
+    """The CPUs this process may use, shared among the most engines that may run at once: engines
+    on one machine that each start a thread a core wait on each other at every barrier."""
+    from engine.cpu_threads import default_cpu_threads, threads_per_engine
+
+    return threads_per_engine(default_cpu_threads(), sum(pool.rules.max_replicas for pool in pools))
 
 
 def _autoscale(stack: LocalStack, pool) -> None:

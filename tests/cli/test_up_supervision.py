@@ -7,6 +7,7 @@ import re
 import signal
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 import zmq
@@ -14,8 +15,9 @@ from zmq.utils.monitor import recv_monitor_message
 
 from common.redis_keys import live_engines
 from common.zmq_curve import make_client, new_secret_key
+from engine.cpu_threads import default_cpu_threads, threads_per_engine
 from tests.helpers.engine_process import wait_until
-from tests.helpers.gateway_process import http_json
+from tests.helpers.gateway_process import children_of, http_json
 from tests.helpers.up_stack import UP_RELEASE, announced, incarnation, part_pid, redis_client, two_engine_stack
 
 pytestmark = pytest.mark.slow
@@ -51,6 +53,16 @@ def serves_everything(stack) -> bool:
 
 def restarts(stack, part: str) -> int:
     return len(re.findall(rf"^k25 up: {part}\s+started again", stack.log(), re.M))
+
+
+def test_the_engines_share_the_machines_cpus(stack):
+    """Two engines on one machine, each with a thread a core, would wait on each other at every
+    barrier: each gets an equal share of the CPUs this process may use, and computes on it."""
+    share = threads_per_engine(default_cpu_threads(), len(ENGINES))
+    for engine in ENGINES:
+        assert f" --cpu-threads {share} " in children_of(stack.process.pid)[part_pid(stack, engine)] + " "
+        log = (Path(stack.log_path).parent / f"{engine}.log").read_text()  # beside up.log
+        assert f"{share} CPU threads (--cpu-threads)" in log
 
 
 def test_a_killed_engine_starts_again_while_the_other_serves(stack):
