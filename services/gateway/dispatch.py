@@ -215,8 +215,9 @@ class Dispatcher:
                    exclude: frozenset[str] = frozenset()) -> OpenedStream:
         """Start `job` on the first engine that takes it (engine ids in `exclude` are skipped).
         A request for an adapter goes only to engines that report that version loaded. With a
-        prefix index, engines holding the prompt's prefix are preferred (routing.py), and the
-        engine that takes the job is recorded as holding it. Raises NoEngineYet when none can
+        prefix index, engines holding the prompt's prefix are preferred (routing.py), and each
+        engine the job is sent to is recorded as holding it at once (one that refuses it is
+        left with a wrong entry, which costs a cache miss at worst, until it ages out). Raises NoEngineYet when none can
         take it but one may register (`pools`: those the gateway knows of)."""
         prompt_tokens, max_tokens = len(job.prompt_token_ids), job.sampling.max_tokens
         if not any(e.routable for e in engines):
@@ -253,6 +254,10 @@ class Dispatcher:
                 self.errors.failed(engine.engine_id, time.time())
                 previous_failure = "unreachable"
                 continue
+            if self.prefix_index is not None and engine.block_size:
+                # at once, not at the first token: a document's next question, arriving while
+                # this one waits or prefills there, should queue behind it and find its KV
+                self.prefix_index.record(engine.engine_id, engine.incarnation, job.block_hashes(engine.block_size))
             try:
                 first = await _next(stream, job.remaining_s())
             except BaseException:
@@ -277,8 +282,6 @@ class Dispatcher:
                     previous_failure, last_fault = reason, first.error
                     continue
                 raise from_engine_error(first.error)
-            if self.prefix_index is not None and engine.block_size:
-                self.prefix_index.record(engine.engine_id, engine.incarnation, job.block_hashes(engine.block_size))
             expected = round((cached_share or {}).get(engine.engine_id, 0.0) * prompt_tokens)
             return OpenedStream(route.pool, engine, stream, first, job.deadline, self.errors, expected)
         if last_fault is not None:  # the last engine failed the job rather than refusing it

@@ -9,9 +9,12 @@ steps of 5%, most first), then by load (running and waiting as last reported, pl
 gateway's own requests open on it, which are fresher), then by a turn that rotates with
 every request, so that idle engines share the work instead of the first one taking it all.
 When some engine's prefix cache holds part of the prompt (`cached_share`, from the
-gateway's prefix index), load decides instead, less CACHE_AFFINITY_REQUESTS times the share
-each engine holds: questions about one document go where its KV is, until that engine has
-a few more requests than another, when the other takes them (and caches the document too).
+gateway's prefix index), load decides instead, less CACHE_AFFINITY_REQUESTS times the
+chunks of the prompt each engine holds (its share times the prompt's length in chunks, at
+least one): questions about one document go where its KV is, until that engine has more
+requests than another by what the document's prefill would cost the other (a 2,000-token
+document in 256-token chunks: about 31 requests; a prompt of one chunk: 4), when the other
+takes them (and caches the document too).
 Those whose last heartbeat reported them past their KV admission limit or with their queue
 full come last rather than not at all, since a heartbeat is up to a second old and the
 engine's own admission check is the one that counts (a refusal costs one round trip). Both
@@ -34,8 +37,9 @@ from enum import Enum
 
 # free KV is compared in steps of 1/KV_STEPS: within a step, load decides
 KV_STEPS = 20
-# what holding a whole prompt's prefix is worth, in requests of load: an engine that holds
-# it is preferred until it has this many more requests than one that does not
+# what holding one chunk of a prompt's prefix is worth, in requests of load: an engine that
+# holds a whole one-chunk prompt is preferred until it has this many more requests than one
+# that does not, one that holds a longer prompt in proportion to the prefill it saves
 CACHE_AFFINITY_REQUESTS = 4
 
 
@@ -159,6 +163,7 @@ def plan_route(engines: list[EngineView], prompt_tokens: int, max_tokens: int,
             continue
         ids = sorted(e.engine_id for e in fitting)
         share = {e.engine_id: (cached_share or {}).get(e.engine_id, 0.0) for e in fitting}
+        prompt_chunks = max(1.0, prompt_tokens / chunk_size)
 
         def load(e: EngineView) -> int:
             return e.running + e.waiting + (open_requests or {}).get(e.engine_id, 0)
@@ -170,7 +175,7 @@ def plan_route(engines: list[EngineView], prompt_tokens: int, max_tokens: int,
             return _standing(e, errors), errors.get(e.engine_id, 0)
 
         if any(share.values()):
-            fitting.sort(key=lambda e: (standing(e), load(e) - CACHE_AFFINITY_REQUESTS * share[e.engine_id],
+            fitting.sort(key=lambda e: (standing(e), load(e) - CACHE_AFFINITY_REQUESTS * share[e.engine_id] * prompt_chunks,
                                         -e.free_kv_fraction, rotation(e)))
         else:
             fitting.sort(key=lambda e: (standing(e), -round(e.free_kv_fraction * KV_STEPS), load(e), rotation(e)))

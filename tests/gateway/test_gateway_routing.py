@@ -157,10 +157,20 @@ def order(plan) -> list[str]:
 
 def test_the_engine_holding_the_prompt_wins_while_its_extra_load_is_worth_it():
     engines = [engine("cold", free=0.9, running=0), engine("warm", free=0.5, running=2)]
-    assert order(plan_route(engines, 1000, 10, cached_share={"warm": 0.95})) == ["warm", "cold"]
-    # four more requests than the idle one: the whole prompt's KV is no longer worth the wait
+    assert order(plan_route(engines, 200, 10, cached_share={"warm": 0.95})) == ["warm", "cold"]
+    # a one-chunk prompt: four more requests than the idle one, and its KV is no longer worth the wait
     busy = [engine("cold", running=0), engine("warm", running=4)]
-    assert order(plan_route(busy, 1000, 10, cached_share={"warm": 0.95})) == ["cold", "warm"]
+    assert order(plan_route(busy, 200, 10, cached_share={"warm": 0.95})) == ["cold", "warm"]
+
+
+def test_a_longer_cached_prompt_is_worth_more_load_in_proportion_to_its_chunks():
+    # 1,024 tokens in 256-token chunks: 4 chunks held, worth 4 x 4 = 16 requests of load
+    holder_ahead_by = lambda n: [engine("cold", running=0), engine("warm", running=n)]  # noqa: E731
+    assert order(plan_route(holder_ahead_by(15), 1024, 10, cached_share={"warm": 1.0})) == ["warm", "cold"]
+    assert order(plan_route(holder_ahead_by(17), 1024, 10, cached_share={"warm": 1.0})) == ["cold", "warm"]
+    # half of it held: half the worth
+    assert order(plan_route(holder_ahead_by(7), 1024, 10, cached_share={"warm": 0.5})) == ["warm", "cold"]
+    assert order(plan_route(holder_ahead_by(9), 1024, 10, cached_share={"warm": 0.5})) == ["cold", "warm"]
     # a larger share beats a smaller one at equal load
     both = [engine("a"), engine("b")]
     assert order(plan_route(both, 1000, 10, cached_share={"a": 0.2, "b": 0.9})) == ["b", "a"]
