@@ -216,8 +216,9 @@ class Dispatcher:
         """Start `job` on the first engine that takes it (engine ids in `exclude` are skipped).
         A request for an adapter goes only to engines that report that version loaded. With a
         prefix index, engines holding the prompt's prefix are preferred (routing.py), and each
-        engine the job is sent to is recorded as holding it at once (one that refuses it is
-        left with a wrong entry, which costs a cache miss at worst, until it ages out). Raises NoEngineYet when none can
+        engine the job is sent to is recorded as holding it before it is sent (one that refuses
+        it or cannot be reached keeps a wrong entry, which costs a cache miss at worst, until
+        it ages out or the engine leaves). Raises NoEngineYet when none can
         take it but one may register (`pools`: those the gateway knows of)."""
         prompt_tokens, max_tokens = len(job.prompt_token_ids), job.sampling.max_tokens
         if not any(e.routable for e in engines):
@@ -248,16 +249,16 @@ class Dispatcher:
             last_fault = None
             if route.chunk_size not in requests:
                 requests[route.chunk_size] = job.padded_for(route.chunk_size, self.pad_token_id)
+            if self.prefix_index is not None and engine.block_size:
+                # before the first await, not at the first token: a document's next question,
+                # planned while this one is sent, waits or prefills there, follows it and finds its KV
+                self.prefix_index.record(engine.engine_id, engine.incarnation, job.block_hashes(engine.block_size))
             try:
                 stream = await self.connections.get(engine.address).submit(requests[route.chunk_size], self.connect_timeout_s)
             except EngineUnavailable:
                 self.errors.failed(engine.engine_id, time.time())
                 previous_failure = "unreachable"
                 continue
-            if self.prefix_index is not None and engine.block_size:
-                # at once, not at the first token: a document's next question, arriving while
-                # this one waits or prefills there, should queue behind it and find its KV
-                self.prefix_index.record(engine.engine_id, engine.incarnation, job.block_hashes(engine.block_size))
             try:
                 first = await _next(stream, job.remaining_s())
             except BaseException:

@@ -9,6 +9,7 @@ on their account (the gateway's `miss` count stays 0)."""
 import re
 import signal
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -24,6 +25,7 @@ from tests.helpers.engine_process import (
     wait_until,
 )
 from tests.helpers.gateway_process import http_json, start_stack
+from tests.helpers.up_stack import announced
 from tests.helpers.redis_server import module_redis_url  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.slow
@@ -113,3 +115,27 @@ def test_questions_about_one_document_land_where_its_kv_is(stack):
         # with two idle engines taking turns, load-only routing would send half of them to the engine without it
         assert cached(body) == len(doc) // BLOCK * BLOCK, f"question {question} missed the document's KV"
     assert routing_counts(stack).get("miss", 0) == 0
+
+
+def test_questions_sent_together_follow_the_first_before_it_has_answered(stack):
+    """The gateway records where it sends a prompt before sending it, not at its first token:
+    questions about one document that arrive together go where the first went (where the
+    document will be cached), not half of them to the other engine by load."""
+    doc = document(3)
+    before = finished_per_engine(stack)
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda question: ask(stack, doc + [70 + question, 71]), range(4)))
+    after = finished_per_engine(stack)
+    served = sorted(after[e] - before.get(e, 0) for e in after)
+    assert served[-1] == 4 and sum(served) == 4, f"the questions were split between engines: {served}"
+
+
+def finished_per_engine(stack) -> dict[str, float]:
+    """Requests each of `k25 up`'s engines finished, from its own metrics."""
+    counts = {}
+    for engine in ("engine-default-0", "engine-default-1"):
+        url = announced(stack, engine)[-1]["metrics"]
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        counts[engine] = sum(float(v) for v in re.findall(r"^k25_engine_requests_finished_total\{[^}]*\} (\S+)$", text, re.M))
+    return counts
