@@ -183,6 +183,9 @@ class Dispatcher:
     metrics: GatewayMetrics
     connect_timeout_s: float = 1.0
     prefix_index: PrefixIndex | None = None
+    # per engine id, prompt tokens this gateway sent there that it did not expect cached and
+    # that have not produced a first token yet: prefill queued or running (routing.py weighs it)
+    unprefilled: dict[str, int] = field(default_factory=dict)
 
     async def open_waiting(self, job: Job, registry: RegistryView, wait_s: float,
                            exclude: frozenset[str] = frozenset()) -> OpenedStream:
@@ -232,7 +235,8 @@ class Dispatcher:
         open_requests = {e.engine_id: self.connections.open_requests(e.address) for e in candidates}
         cached_share = cached_shares(job, candidates, self.prefix_index) if self.prefix_index is not None else None
         plan = plan_route(candidates, prompt_tokens, max_tokens, open_requests=open_requests, turn=next(_turns),
-                          cached_share=cached_share, recent_errors=self.errors.counts(time.time()))
+                          cached_share=cached_share, recent_errors=self.errors.counts(time.time()),
+                          unprefilled_tokens=self.unprefilled)
         if plan.refusal is Refusal.NEVER_FITS:
             missing = pools_without_engines(pools, engines, prompt_tokens, max_tokens)
             if missing:
@@ -253,9 +257,12 @@ class Dispatcher:
                 # before the first await, not at the first token: a document's next question,
                 # planned while this one is sent, waits or prefills there, follows it and finds its KV
                 self.prefix_index.record(engine.engine_id, engine.incarnation, job.block_hashes(engine.block_size))
+            uncached = prompt_tokens - round((cached_share or {}).get(engine.engine_id, 0.0) * prompt_tokens)
+            self.unprefilled[engine.engine_id] = self.unprefilled.get(engine.engine_id, 0) + uncached
             try:
                 stream = await self.connections.get(engine.address).submit(requests[route.chunk_size], self.connect_timeout_s)
             except EngineUnavailable:
+                self._prefilled(engine.engine_id, uncached)
                 self.errors.failed(engine.engine_id, time.time())
                 previous_failure = "unreachable"
                 continue
@@ -264,6 +271,8 @@ class Dispatcher:
             except BaseException:
                 stream.close()
                 raise
+            finally:
+                self._prefilled(engine.engine_id, uncached)
             if first is ENGINE_GONE:
                 stream.close()
                 self.errors.failed(engine.engine_id, time.time())
@@ -288,6 +297,14 @@ class Dispatcher:
         if last_fault is not None:  # the last engine failed the job rather than refusing it
             raise from_engine_error(last_fault)
         raise overloaded("every engine that could serve this request refused it or is unreachable; try again shortly")
+
+
+    def _prefilled(self, engine_id: str, tokens: int) -> None:
+        left = self.unprefilled.get(engine_id, 0) - tokens
+        if left > 0:
+            self.unprefilled[engine_id] = left
+        else:
+            self.unprefilled.pop(engine_id, None)
 
 
 def cached_shares(job: Job, engines: list[EngineView], index: PrefixIndex) -> dict[str, float]:

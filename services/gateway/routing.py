@@ -14,7 +14,10 @@ chunks of the prompt each engine holds (its share times the prompt's length in c
 least one): questions about one document go where its KV is, until that engine has more
 requests than another by what the document's prefill would cost the other (a 2,000-token
 document in 256-token chunks: about 31 requests; a prompt of one chunk: 4), when the other
-takes them (and caches the document too).
+takes them (and caches the document too). Load counts, besides requests, the prefill this
+gateway sent an engine that has not produced a first token yet, CACHE_AFFINITY_REQUESTS a
+chunk, the unit the cache is weighed in: a queued document is worth what its prefill costs,
+not one request, so that new documents go to the engine with the least of them queued.
 Those whose last heartbeat reported them past their KV admission limit or with their queue
 full come last rather than not at all, since a heartbeat is up to a second old and the
 engine's own admission check is the one that counts (a refusal costs one round trip). Both
@@ -139,11 +142,14 @@ class RoutePlan:
 
 def plan_route(engines: list[EngineView], prompt_tokens: int, max_tokens: int,
                open_requests: dict[str, int] | None = None, turn: int = 0,
-               cached_share: dict[str, float] | None = None, recent_errors: dict[str, int] | None = None) -> RoutePlan:
+               cached_share: dict[str, float] | None = None, recent_errors: dict[str, int] | None = None,
+               unprefilled_tokens: dict[str, int] | None = None) -> RoutePlan:
     """`open_requests`: this gateway's requests open per engine id; `turn`: a number that
     changes from one request to the next (it rotates the order of otherwise equal engines);
     `cached_share`: per engine id, the share of the prompt its prefix cache holds (0..1);
-    `recent_errors`: per engine id, the errors this gateway saw from it lately."""
+    `recent_errors`: per engine id, the errors this gateway saw from it lately;
+    `unprefilled_tokens`: per engine id, prompt tokens this gateway sent there, not expected
+    cached, that have no first token yet (prefill still to run)."""
     engines = [e for e in engines if e.routable]
     if not engines:
         return RoutePlan(refusal=Refusal.NO_ENGINES)
@@ -165,8 +171,10 @@ def plan_route(engines: list[EngineView], prompt_tokens: int, max_tokens: int,
         share = {e.engine_id: (cached_share or {}).get(e.engine_id, 0.0) for e in fitting}
         prompt_chunks = max(1.0, prompt_tokens / chunk_size)
 
-        def load(e: EngineView) -> int:
-            return e.running + e.waiting + (open_requests or {}).get(e.engine_id, 0)
+        def load(e: EngineView) -> float:
+            queued_chunks = (unprefilled_tokens or {}).get(e.engine_id, 0) / chunk_size
+            return (e.running + e.waiting + (open_requests or {}).get(e.engine_id, 0)
+                    + CACHE_AFFINITY_REQUESTS * queued_chunks)
 
         def rotation(e: EngineView) -> int:
             return (ids.index(e.engine_id) - turn) % len(ids)

@@ -89,7 +89,8 @@ def test_an_engine_failing_every_request_fast_gets_none_once_it_has_failed(gatew
 
 def open_on(views: list[EngineView]) -> tuple[OpenAIError, dict[str, int], GatewayMetrics]:
     """Open a request for legal@v1 on these engines: the error it ends with, the errors
-    recorded per engine, and the metrics."""
+    recorded per engine, and the metrics. Whatever the engines answered, no prefill is left
+    counted against them (routing would shun them for work they never took)."""
     async def scenario():
         connections = EngineConnections()
         errors, metrics = RecentErrors(3600), GatewayMetrics()
@@ -102,6 +103,7 @@ def open_on(views: list[EngineView]) -> tuple[OpenAIError, dict[str, int], Gatew
                 await dispatcher.open(job, views)
         finally:
             await connections.close()
+        assert dispatcher.unprefilled == {}
         return failed.value, errors.counts(time.time()), metrics
 
     return asyncio.run(scenario())
