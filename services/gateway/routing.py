@@ -15,9 +15,9 @@ least one): questions about one document go where its KV is, until that engine h
 requests than another by what the document's prefill would cost the other (a 2,000-token
 document in 256-token chunks: about 31 requests; a prompt of one chunk: 4), when the other
 takes them (and caches the document too). Load counts, besides requests, the prefill this
-gateway sent an engine that has not produced a first token yet, CACHE_AFFINITY_REQUESTS a
-chunk, the unit the cache is weighed in: a queued document is worth what its prefill costs,
-not one request, so that new documents go to the engine with the least of them queued.
+gateway sent an engine that has not produced a first token yet, QUEUED_CHUNK_REQUESTS a
+chunk: a queued document weighs what its prefill costs, not one request, so that new
+documents go to the engine with the least of them queued.
 Those whose last heartbeat reported them past their KV admission limit or with their queue
 full come last rather than not at all, since a heartbeat is up to a second old and the
 engine's own admission check is the one that counts (a refusal costs one round trip). Both
@@ -44,6 +44,10 @@ KV_STEPS = 20
 # holds a whole one-chunk prompt is preferred until it has this many more requests than one
 # that does not, one that holds a longer prompt in proportion to the prefill it saves
 CACHE_AFFINITY_REQUESTS = 4
+# what one chunk of prefill queued on an engine (sent by this gateway, no first token yet)
+# weighs, in requests of load: half what a chunk found cached is worth, since a chunk computed
+# again elsewhere costs twice, the request's own wait and the engine time it takes from others
+QUEUED_CHUNK_REQUESTS = CACHE_AFFINITY_REQUESTS / 2
 
 
 @dataclass(frozen=True)
@@ -174,7 +178,7 @@ def plan_route(engines: list[EngineView], prompt_tokens: int, max_tokens: int,
         def load(e: EngineView) -> float:
             queued_chunks = (unprefilled_tokens or {}).get(e.engine_id, 0) / chunk_size
             return (e.running + e.waiting + (open_requests or {}).get(e.engine_id, 0)
-                    + CACHE_AFFINITY_REQUESTS * queued_chunks)
+                    + QUEUED_CHUNK_REQUESTS * queued_chunks)
 
         def rotation(e: EngineView) -> int:
             return (ids.index(e.engine_id) - turn) % len(ids)

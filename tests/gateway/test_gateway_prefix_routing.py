@@ -121,7 +121,7 @@ def test_questions_sent_together_follow_the_first_before_it_has_answered(stack):
     """The gateway records where it sends a prompt before sending it, not at its first token:
     questions about one document that arrive together go where the first went (where the
     document will be cached), not half of them to the other engine by load."""
-    doc = document(3)
+    doc = document(3, length=1000)  # ~4 chunks held: worth more than three more requests and their queued prefill
     before = finished_per_engine(stack)
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(lambda question: ask(stack, doc + [70 + question, 71]), range(4)))

@@ -178,15 +178,15 @@ def test_a_longer_cached_prompt_is_worth_more_load_in_proportion_to_its_chunks()
 
 def test_prefill_still_queued_on_an_engine_counts_as_load_by_its_chunks():
     # a new document goes where the least prefill waits, not where the fewest requests are:
-    # two 1,024-token documents (8 chunks, worth 32 requests) against five short questions
+    # two 1,024-token documents (8 chunks, worth 16 requests) against five short questions
     engines = [engine("docs", running=2), engine("questions", running=5)]
     assert order(plan_route(engines, 1000, 10)) == ["docs", "questions"]
     assert order(plan_route(engines, 1000, 10, unprefilled_tokens={"docs": 2048})) == ["questions", "docs"]
-    # the engine holding the prompt pays for its queue too: its own first question's prefill
-    # (4 chunks) cancels what holding that document is worth, and the idle engine takes it
+    # the engine holding the prompt pays for its queue too: holding 4 chunks is worth 16
+    # requests, 8 queued chunks (2,048 tokens) weigh as much
     held = [engine("holder"), engine("idle")]
-    assert order(plan_route(held, 1024, 10, cached_share={"holder": 1.0}, unprefilled_tokens={"holder": 1100})) == ["idle", "holder"]
-    assert order(plan_route(held, 1024, 10, cached_share={"holder": 1.0}, unprefilled_tokens={"holder": 900})) == ["holder", "idle"]
+    assert order(plan_route(held, 1024, 10, cached_share={"holder": 1.0}, unprefilled_tokens={"holder": 2100})) == ["idle", "holder"]
+    assert order(plan_route(held, 1024, 10, cached_share={"holder": 1.0}, unprefilled_tokens={"holder": 1900})) == ["holder", "idle"]
 
 
 def test_nothing_cached_routes_by_free_kv_and_load_as_before():
