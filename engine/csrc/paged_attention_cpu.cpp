@@ -25,6 +25,19 @@ namespace {
 using k25::exp_nonpositive;
 using k25::to_float;
 
+// s[0..n) <- exp(s - max s), in place; returns their sum (a softmax before its division)
+inline float exp_shifted(float* s, int64_t n) {
+  float m = s[0];
+  for (int64_t pos = 1; pos < n; ++pos) m = std::max(m, s[pos]);
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t pos = 0; pos < n; ++pos) {
+    s[pos] = exp_nonpositive(s[pos] - m);
+    sum += s[pos];
+  }
+  return sum;
+}
+
 // A sequence's context rows in one KV head of the cache: row(pos) is position pos's K (or V)
 // row, found through the block table once per task rather than once per read.
 template <typename T>
@@ -254,15 +267,7 @@ void attend_tile(c10::BFloat16* out, const c10::BFloat16* q, const PackedContext
     float* s = scratch.scores.data() + j * stride;
     uint16_t* p = scratch.probs.data() + j * prob_stride;
     const int64_t seen = length(j);
-    float m = s[0];
-    for (int64_t pos = 1; pos < seen; ++pos) m = std::max(m, s[pos]);
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t pos = 0; pos < seen; ++pos) {
-      s[pos] = exp_nonpositive(s[pos] - m);
-      sum += s[pos];
-    }
-    const __m512 inv = _mm512_set1_ps(1.f / sum);
+    const __m512 inv = _mm512_set1_ps(1.f / exp_shifted(s, seen));
     for (int64_t pos = 0; pos < prob_stride; pos += 16) {  // zero past `seen`: p.v reads whole pairs
       const __mmask16 valid = pos >= seen ? 0 : seen - pos >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (seen - pos)) - 1);
       const __m512 weights = _mm512_mul_ps(_mm512_maskz_loadu_ps(valid, s + pos), inv);
@@ -400,15 +405,7 @@ void attend(T* out, const T* q, const T* k_cache, const T* v_cache, const int32_
       score<T>(scores.data(), q + (t * heads + h * group) * dim, keys, group, length, dim, scale);
       for (int64_t g = 0; g < group; ++g) {
         float* sg = scores.data() + g * length;
-        float m = sg[0];
-        for (int64_t pos = 1; pos < length; ++pos) m = std::max(m, sg[pos]);
-        float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t pos = 0; pos < length; ++pos) {
-          sg[pos] = exp_nonpositive(sg[pos] - m);
-          sum += sg[pos];
-        }
-        const float inv = 1.f / sum;
+        const float inv = 1.f / exp_shifted(sg, length);
         for (int64_t pos = 0; pos < length; ++pos) sg[pos] *= inv;
       }
       weigh<T>(acc.data(), scores.data(), values, group, length, dim);
