@@ -298,8 +298,8 @@ class Dispatcher:
             raise from_engine_error(last_fault)
         raise overloaded("every engine that could serve this request refused it or is unreachable; try again shortly")
 
-
     def _prefilled(self, engine_id: str, tokens: int) -> None:
+        """The engine answered (or failed) a job's first frame: its prefill no longer waits there."""
         left = self.unprefilled.get(engine_id, 0) - tokens
         if left > 0:
             self.unprefilled[engine_id] = left
