@@ -7,13 +7,23 @@ oversubscribes the CPUs: OpenMP threads wait at every barrier for peers that the
 descheduled, and a step slows several times (two engines on this project's 2-core machine,
 each with 2 threads, served 10-13 tokens/s of document QA; with 1 thread each, 17-20).
 The default is the CPUs this process may use: its affinity set, capped by its cgroup's CPU
-quota (rounded down: threads beyond the quota are throttled, not run)."""
+quota (rounded down: threads beyond the quota are throttled, not run).
+
+Between two parallel regions torch's OpenMP (libgomp) threads spin before they sleep:
+300,000 turns by default, about 30 ms here. The engine's main thread runs Python between steps
+(scheduling, sampling, sending) for about a millisecond at a time, and all that while the other
+threads spin on cores that the gateway (`k25 up`) or the pod's CPU quota needed. The engine
+sets 10,000 turns (about 1 ms): enough to bridge the gaps between the ops of one step, so a
+step is not slower (SmolLM2, `k25 up`: 64 streams and 1 QPS the same as with the default),
+while a small model's steps no longer take the cores from the rest (README, Measured)."""
 
 import math
 import os
 from pathlib import Path
 
 AUTO = "auto"
+
+OMP_SPIN_COUNT = 10_000
 
 CGROUP_V2_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 CGROUP_V1_QUOTA = Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")
@@ -62,3 +72,12 @@ def default_cpu_threads() -> int:
 def threads_per_engine(cpus: int, engines: int) -> int:
     """Each of `engines` engines sharing `cpus` CPUs gets an equal whole share, at least one."""
     return max(1, cpus // max(1, engines))
+
+
+def omp_wait_env(environ) -> dict[str, str]:
+    """The OpenMP setting the engine starts torch with: the spin count above, unless the
+    environment already says how OpenMP threads wait (GOMP_SPINCOUNT or OMP_WAIT_POLICY).
+    libgomp reads it once, when torch is first imported."""
+    if "GOMP_SPINCOUNT" in environ or "OMP_WAIT_POLICY" in environ:
+        return {}
+    return {"GOMP_SPINCOUNT": str(OMP_SPIN_COUNT)}

@@ -12,7 +12,7 @@ class EngineConfig:
     block_size: int = 16  # tokens per KV block
     prefix_caching: bool = True  # reuse the KV of full blocks whose prefix was computed before
     max_num_batched_tokens: int = 512  # the one token budget of a step, decodes and prefill chunks together
-    max_num_seqs: int = 64  # running sequences at once
+    max_num_seqs: int = 128  # running sequences at once
     max_waiting: int = 1024  # queued requests beyond which new ones get RESOURCE_EXHAUSTED
     kv_admission_limit: float = 0.92  # KV use above which new requests get RESOURCE_EXHAUSTED
     device: str = "cpu"

@@ -88,6 +88,11 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from engine.cpu_threads import omp_wait_env
+
+    os.environ.update(omp_wait_env(os.environ))  # before torch loads libgomp
+    log.info("OpenMP waits: GOMP_SPINCOUNT=%s OMP_WAIT_POLICY=%s",
+             os.environ.get("GOMP_SPINCOUNT", "unset"), os.environ.get("OMP_WAIT_POLICY", "unset"))
     import zmq
 
     from common.model_source import ModelLoadError

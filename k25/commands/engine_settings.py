@@ -11,7 +11,7 @@ log = logging.getLogger("k25.engine")
 # measured on the 2-core CPU of this project's machines (README, Measured); on CUDA the same
 # defaults hold until a GPU run measures better ones
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
-DEFAULT_MAX_NUM_SEQS = 64
+DEFAULT_MAX_NUM_SEQS = 128
 
 
 def add_engine_settings(parser: argparse.ArgumentParser) -> None:

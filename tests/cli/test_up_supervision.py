@@ -15,7 +15,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from common.redis_keys import live_engines
 from common.zmq_curve import make_client, new_secret_key
-from engine.cpu_threads import default_cpu_threads, threads_per_engine
+from engine.cpu_threads import default_cpu_threads, omp_wait_env, threads_per_engine
 from tests.helpers.engine_process import wait_until
 from tests.helpers.gateway_process import children_of, http_json
 from tests.helpers.up_stack import UP_RELEASE, announced, incarnation, part_pid, redis_client, two_engine_stack
@@ -63,6 +63,8 @@ def test_the_engines_share_the_machines_cpus(stack):
         assert f" --cpu-threads {share} " in children_of(stack.process.pid)[part_pid(stack, engine)] + " "
         log = (Path(stack.log_path).parent / f"{engine}.log").read_text()  # beside up.log
         assert f"{share} CPU threads (--cpu-threads)" in log
+        spin = {**os.environ, **omp_wait_env(os.environ)}.get("GOMP_SPINCOUNT", "unset")
+        assert f"OpenMP waits: GOMP_SPINCOUNT={spin} " in log
 
 
 def test_a_killed_engine_starts_again_while_the_other_serves(stack):

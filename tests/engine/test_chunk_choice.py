@@ -125,9 +125,9 @@ def test_an_engine_started_with_auto_runs_the_value_the_rule_gives(tiny_model, c
     assert "max_chunk_per_gpu 24 (auto: 8 requests of 3 chunks at once" in caplog.text
     # a budget that holds only a few chunks: the largest multiple of 3 that fits
     with pytest.raises(EngineConfigError) as info:
-        LLMEngine(tiny_model, EngineConfig(chunk_size=64, max_chunk_per_gpu=10**9, cpu_memory_budget_gib=0.1))
+        LLMEngine(tiny_model, EngineConfig(chunk_size=64, max_chunk_per_gpu=10**9, cpu_memory_budget_gib=0.1, max_num_seqs=64))
     largest = int(str(info.value).rsplit(" ", 1)[1])
-    assert 3 <= largest < 64 * 3  # not 64 sequences (the default max_num_seqs) of 3 chunks
+    assert 3 <= largest < 64 * 3  # not 64 sequences of 3 chunks
     small = LLMEngine(tiny_model, EngineConfig(chunk_size=64, max_chunk_per_gpu="auto", expected_chunks_per_request=3,
-                                               cpu_memory_budget_gib=0.1))
+                                               cpu_memory_budget_gib=0.1, max_num_seqs=64))
     assert small.max_chunk_per_gpu == largest // 3 * 3

@@ -1,13 +1,15 @@
 """The engine's CPU thread count: the CPUs the process may use (affinity, cgroup quota), an
-equal share for each of several engines on one machine, and the flag that overrides both."""
+equal share for each of several engines on one machine, and the flag that overrides both; and
+how long its OpenMP threads spin before they sleep."""
 
+import os
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from engine.cpu_threads import parse_cgroup_v1_quota, parse_cgroup_v2_cpu_max, threads_per_engine, usable_cpus
+from engine.cpu_threads import OMP_SPIN_COUNT, omp_wait_env, parse_cgroup_v1_quota, parse_cgroup_v2_cpu_max, threads_per_engine, usable_cpus
 from k25.cli import build_parser
 from k25.commands.engine_settings import set_cpu_threads
 
@@ -61,3 +63,23 @@ def test_the_engine_refuses_a_thread_count_that_is_neither_a_number_nor_auto(val
     with pytest.raises(SystemExit):
         build_parser().parse_args(["engine", "--cpu-threads", value])
     assert f"argument --cpu-threads: {message}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("environ, expected", [
+    ({}, {"GOMP_SPINCOUNT": str(OMP_SPIN_COUNT)}),
+    ({"GOMP_SPINCOUNT": "300000"}, {}),  # the user's own spin count stays
+    ({"OMP_WAIT_POLICY": "ACTIVE"}, {}),  # so does a wait policy (a spin count would override it)
+])
+def test_the_engine_shortens_the_spin_unless_the_environment_says_how_openmp_waits(environ, expected):
+    assert omp_wait_env(environ) == expected
+
+
+def test_the_spin_count_set_before_torch_loads_reaches_libgomp():
+    """`k25 engine` sets it in its own environment before it imports torch: libgomp reads it
+    then (an invalid value shows that it was read), and the CLI has not loaded torch before."""
+    script = ("import os, sys; from k25.cli import build_parser; build_parser().parse_args(['engine', '--model', 'x']); "
+              "assert 'torch' not in sys.modules; os.environ['GOMP_SPINCOUNT'] = 'not-a-number'; import torch")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"})
+    assert done.returncode == 0, done.stderr
+    assert "libgomp: Invalid value for environment variable GOMP_SPINCOUNT" in done.stderr
