@@ -18,6 +18,7 @@ from engine.linear import Weight
 from engine.lora.slots import LoRASlots
 from engine.quant import build
 from engine.rope import RotaryEmbedding
+from engine.top_k import top_k_indices
 
 
 @dataclass
@@ -124,8 +125,9 @@ class LlamaModel:
         bandwidth at every step."""
         if self.dtype == torch.float32:
             return self.lm_head(last)
-        logits = self.lm_head(last.to(self.dtype)).float()
-        best = logits.topk(min(REFINED_LOGITS, logits.shape[-1]), dim=-1).indices  # [S, k]
+        rounded = self.lm_head(last.to(self.dtype))
+        best = top_k_indices(rounded, min(REFINED_LOGITS, rounded.shape[-1]))  # [S, k]
+        logits = rounded.float()
         exact = (self.head_rows[best].float() @ last.unsqueeze(-1)).squeeze(-1)
         return logits.scatter_(1, best, exact)
 

@@ -7,10 +7,12 @@ torch::Tensor add_rms_norm(torch::Tensor x, c10::optional<torch::Tensor> delta, 
 torch::Tensor rotary_to_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor positions,
                               torch::Tensor slot_mapping, torch::Tensor k_cache, torch::Tensor v_cache, int64_t heads);
 torch::Tensor silu_mul(torch::Tensor gate_up);
+torch::Tensor top_k_indices(torch::Tensor values, int64_t k);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention, "varlen paged attention through block tables (prefill slices and decodes)");
   m.def("add_rms_norm", &add_rms_norm, "x += delta (if given), then RMSNorm scaled by weight, in the weight's dtype");
   m.def("rotary_to_cache", &rotary_to_cache, "rotary on q and k, k and v written to the caches; returns q");
   m.def("silu_mul", &silu_mul, "silu(gate) * up of a stacked gate_up");
+  m.def("top_k_indices", &top_k_indices, "indices of each row's k largest values, unordered");
 }
