@@ -9,10 +9,10 @@ each with 2 threads, served 10-13 tokens/s of document QA; with 1 thread each, 1
 The default is the CPUs this process may use: its affinity set, capped by its cgroup's CPU
 quota (rounded down: threads beyond the quota are throttled, not run).
 
-Between two parallel regions torch's OpenMP (libgomp) threads spin before they sleep:
-300,000 turns by default, about 30 ms here. The engine's main thread runs Python between steps
-(scheduling, sampling, sending) for about a millisecond at a time, and all that while the other
-threads spin on cores that the gateway (`k25 up`) or the pod's CPU quota needed. The engine
+Between two parallel regions torch's OpenMP (libgomp) threads spin before they sleep: by
+default for most of a 10 ms pause here (a matmul, then a 10 ms sleep: 7.9 ms of CPU a round).
+The engine's main thread runs Python between steps (scheduling, sampling, sending), and all
+that while the other threads spin on cores that the gateway (`k25 up`) or the pod's CPU quota needed. The engine
 sets 10,000 turns (about 1 ms): enough to bridge the gaps between the ops of one step, so a
 step is not slower (SmolLM2, `k25 up`: 64 streams and 1 QPS the same as with the default),
 while a small model's steps no longer take the cores from the rest (README, Measured)."""
