@@ -12,8 +12,8 @@ quota (rounded down: threads beyond the quota are throttled, not run).
 Between two parallel regions torch's OpenMP (libgomp) threads spin before they sleep: by
 default for most of a 10 ms pause here (a matmul, then a 10 ms sleep: 7.9 ms of CPU a round).
 The engine's main thread runs Python between steps (scheduling, sampling, sending), and all
-that while the other threads spin on cores that the gateway (`k25 up`) or the pod's CPU quota needed. The engine
-sets 10,000 turns (about 1 ms): enough to bridge the gaps between the ops of one step, so a
+that while the other threads spin on cores that the gateway (`k25 up`) or the pod's CPU
+quota needed. The engine sets 10,000 turns (about 1 ms): enough to bridge the gaps between the ops of one step, so a
 step is not slower (SmolLM2, `k25 up`: 64 streams and 1 QPS the same as with the default),
 while a small model's steps no longer take the cores from the rest (README, Measured)."""
 

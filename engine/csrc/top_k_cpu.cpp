@@ -17,10 +17,11 @@ namespace {
 using k25::to_float;
 
 constexpr int64_t kBlock = 64;
+constexpr int64_t kMaxK = 64;  // engine/top_k.py's MAX_K
 
 template <typename T>
 void top_k_row(const T* row, int64_t width, int64_t k, int64_t* out) {
-  float best[64];  // k <= 64, checked by the caller
+  float best[kMaxK];  // k <= kMaxK, checked by the caller
   for (int64_t j = 0; j < k; ++j) {
     best[j] = to_float(row[j]);
     out[j] = j;
@@ -47,7 +48,7 @@ void top_k_row(const T* row, int64_t width, int64_t k, int64_t* out) {
 
 torch::Tensor top_k_indices(torch::Tensor values, int64_t k) {
   TORCH_CHECK(values.dim() == 2 && values.is_contiguous(), "values: contiguous [rows, width]");
-  TORCH_CHECK(k >= 1 && k <= 64 && k <= values.size(1), "k must be in [1, min(64, width)], got ", k);
+  TORCH_CHECK(k >= 1 && k <= kMaxK && k <= values.size(1), "k must be in [1, min(64, width)], got ", k);
   const int64_t rows = values.size(0), width = values.size(1);
   auto out = torch::empty({rows, k}, values.options().dtype(torch::kInt64));
   int64_t* o = out.data_ptr<int64_t>();
