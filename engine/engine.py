@@ -71,7 +71,9 @@ class LLMEngine:
         self.block_manager = BlockManager(self.capacity_tokens // config.block_size, config.block_size, config.prefix_caching)
         self.kv = KVCache(model.config, self.capacity_tokens, self.device, dtype)
         self.block_tables = BlockTables(config.max_num_seqs, -(-self.max_model_len // config.block_size))
-        self.scheduler = Scheduler(self.block_manager, config.max_num_batched_tokens, config.max_num_seqs, config.max_loras)
+        self.scheduler = Scheduler(
+            self.block_manager, config.max_num_batched_tokens, config.max_num_seqs, config.max_loras, config.overtake_limit_s
+        )
         self.adapters = AdapterManager(
             lora_slots, model.config, config.adapter_root, config.max_cpu_loras, self.scheduler.running_adapter_ids
         )

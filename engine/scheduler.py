@@ -2,8 +2,8 @@
 
 Each step: running sequences that are decoding get their one token first, then running
 sequences part-way through their prompt get their next prefill slice, then waiting
-sequences are admitted first-come-first-served while budget, sequence slots and KV
-blocks last (keeping one free block per running sequence). A waiting sequence whose
+sequences are admitted, fewest prompt tokens left to compute first (engine/admission_order.py),
+while budget, sequence slots and KV blocks last (keeping one free block per running sequence). A waiting sequence whose
 adapter would make more than `max_loras` distinct adapters in the running batch gets no
 device slot this step: it is passed over, keeps its place, and later ones go ahead.
 When a running sequence needs a block and none is free, the most recent arrival is
@@ -13,8 +13,10 @@ A waiting sequence starts from the longest run of its full blocks found in the p
 cache (engine/block_manager.py): those tokens are not computed again and cost no budget.
 A preempted sequence finds its own blocks there again unless their space was needed."""
 
+import time
 from dataclasses import dataclass, field
 
+from engine.admission_order import DEFAULT_WINDOW, admission_order
 from engine.block_manager import BlockManager
 from engine.sequence import Sequence, SequenceStatus
 
@@ -32,13 +34,17 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_batched_tokens: int, max_num_seqs: int, max_loras: int = 0):
+    def __init__(
+        self, block_manager: BlockManager, max_num_batched_tokens: int, max_num_seqs: int, max_loras: int = 0,
+        overtake_limit_s: float = 0.0,
+    ):
         if max_num_batched_tokens < 1 or max_num_seqs < 1:
             raise ValueError("the token budget and the sequence limit must be at least 1")
         self.block_manager = block_manager
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.max_loras = max_loras
+        self.overtake_limit_s = overtake_limit_s  # 0: first come, first served
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
 
@@ -94,12 +100,11 @@ class Scheduler:
 
     def _admit(self, batch: ScheduledBatch, budget: int) -> None:
         adapters = self.running_adapter_ids()
-        i = 0  # waiting sequences before this one are passed over for want of an adapter slot
-        while i < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[i]
+        for seq in self._admission_order():
+            if budget <= 0 or len(self.running) >= self.max_num_seqs:
+                break
             if seq.adapter is not None and seq.adapter.id not in adapters and len(adapters) >= self.max_loras:
-                i += 1
-                continue
+                continue  # passed over for want of an adapter slot; keeps its place
             reuse = self._cached_prefix(seq)
             computed = seq.num_computed_tokens + len(reuse) * self.block_manager.block_size
             n = min(seq.num_tokens - computed, budget)
@@ -107,7 +112,7 @@ class Scheduler:
             # blocks would only have the newcomer preempted (and its work thrown away) next step
             if not self.block_manager.can_grow(seq.block_table, computed + n, keep_free=len(self.running), reuse=reuse):
                 break
-            del self.waiting[i]
+            self.waiting.remove(seq)
             if seq.adapter is not None:
                 adapters.add(seq.adapter.id)
             self.block_manager.grow(seq.block_table, computed + n, reuse=reuse)
@@ -117,6 +122,21 @@ class Scheduler:
             batch.items.append((seq, n))
             batch.admitted.append(seq)
             budget -= n
+
+    def _admission_order(self) -> list[Sequence]:
+        """The waiting sequences in the order to try them (engine/admission_order.py)."""
+        if self.overtake_limit_s <= 0 or len(self.waiting) < 2:
+            return list(self.waiting)
+        window = self.waiting[:DEFAULT_WINDOW]
+        now = time.monotonic()
+        block_size = self.block_manager.block_size
+        order = admission_order(
+            [s.num_uncomputed_tokens - len(self._cached_prefix(s)) * block_size for s in window],
+            [now - s.arrival_time for s in window],
+            [s.preemptions > 0 for s in window],
+            self.overtake_limit_s,
+        )
+        return [window[i] for i in order] + self.waiting[DEFAULT_WINDOW:]
 
     def _cached_prefix(self, seq: Sequence) -> list[int]:
         """The cached blocks a waiting sequence can start from. Its last token is always

@@ -14,6 +14,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 512  # the one token budget of a step, decodes and prefill chunks together
     max_num_seqs: int = 128  # running sequences at once
     max_waiting: int = 1024  # queued requests beyond which new ones get RESOURCE_EXHAUSTED
+    # a waiting request may be overtaken by ones with fewer prompt tokens left to compute for
+    # this long (engine/admission_order.py); 0: first come, first served
+    overtake_limit_s: float = 5.0  # k25 engine --overtake-limit-s
     kv_admission_limit: float = 0.92  # KV use above which new requests get RESOURCE_EXHAUSTED
     device: str = "cpu"
     dtype: str = "float32"

@@ -12,6 +12,7 @@ log = logging.getLogger("k25.engine")
 # defaults hold until a GPU run measures better ones
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
 DEFAULT_MAX_NUM_SEQS = 128
+DEFAULT_OVERTAKE_LIMIT_S = 5.0
 
 
 def add_engine_settings(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +29,10 @@ def add_engine_settings(parser: argparse.ArgumentParser) -> None:
                        help=f"the token budget of one step, decodes and prefill slices together (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})")
     group.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS,
                        help=f"sequences running at once (default {DEFAULT_MAX_NUM_SEQS})")
+    group.add_argument("--overtake-limit-s", type=seconds_flag, default=DEFAULT_OVERTAKE_LIMIT_S, metavar="SECONDS",
+                       help="waiting requests are admitted fewest prompt tokens left to compute first (a question about "
+                       "a cached document before a new document); one that has waited this long goes first-come-first-"
+                       f"served again; 0: first come, first served (default {DEFAULT_OVERTAKE_LIMIT_S:g})")
     group.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                        help="reuse the KV of full blocks whose prompt prefix was computed before (default on)")
     group.add_argument("--gpu-memory-utilization", type=float, default=0.90,
@@ -48,6 +53,17 @@ def _count_or_auto(text: str, unit: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected a whole number of {unit} or auto, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1 (or auto), got {value}")
+    return value
+
+
+def seconds_flag(text: str) -> float:
+    """A flag's value: 0 or more seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0 <= value < float("inf"):  # NaN too
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text}")
     return value
 
 
@@ -106,7 +122,7 @@ def load_for_engine(args: argparse.Namespace, **config_fields):
     config = EngineConfig(
         device=args.device, dtype=choice.name, quant=str(quant) if quant.quantized else None,
         max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs, gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_seqs=args.max_num_seqs, overtake_limit_s=args.overtake_limit_s, gpu_memory_utilization=args.gpu_memory_utilization,
         prefix_caching=args.prefix_caching, **config_fields,
     )
     return model, config

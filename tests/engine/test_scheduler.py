@@ -79,11 +79,12 @@ requests = st.lists(
     budget=st.integers(1, 96),
     max_seqs=st.integers(1, 8),
     aborts=st.lists(st.tuples(st.integers(0, 13), st.integers(0, 60)), max_size=4),
+    overtake_limit_s=st.sampled_from([0.0, 1e9]),  # first come first served; fewest tokens left first, never overdue
 )
-def test_every_request_finishes_and_every_block_comes_back(reqs, num_blocks, block_size, budget, max_seqs, aborts):
+def test_every_request_finishes_and_every_block_comes_back(reqs, num_blocks, block_size, budget, max_seqs, aborts, overtake_limit_s):
     capacity = num_blocks * block_size
     bm = BlockManager(num_blocks, block_size)
-    scheduler = Scheduler(bm, budget, max_seqs)
+    scheduler = Scheduler(bm, budget, max_seqs, overtake_limit_s=overtake_limit_s)
     # every request fits the cache on its own (the engine refuses the others at admission)
     fitting = [(f"r{i}", p, m, a) for i, (p, m, a) in enumerate(reqs) if p + m <= capacity]
     seqs = [make_seq(p, m, name) for name, p, m, _ in fitting]
@@ -212,9 +213,10 @@ def test_a_request_passed_over_for_a_slot_never_blocks_the_queue_on_kv():
     num_blocks=st.integers(8, 24),
     budget=st.integers(1, 64),
     max_seqs=st.integers(1, 6),
+    overtake_limit_s=st.sampled_from([0.0, 1e9]),
 )
-def test_no_step_runs_more_adapters_than_slots_and_every_request_finishes(reqs, max_loras, num_blocks, budget, max_seqs):
-    scheduler = Scheduler(BlockManager(num_blocks, 8), budget, max_seqs, max_loras)
+def test_no_step_runs_more_adapters_than_slots_and_every_request_finishes(reqs, max_loras, num_blocks, budget, max_seqs, overtake_limit_s):
+    scheduler = Scheduler(BlockManager(num_blocks, 8), budget, max_seqs, max_loras, overtake_limit_s)
     seqs = [
         make_seq(p, m, f"r{i}", ADAPTERS.get(name)) for i, (p, m, name) in enumerate(reqs) if p + m <= num_blocks * 8
     ]

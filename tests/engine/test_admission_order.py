@@ -1,0 +1,92 @@
+"""The order in which waiting sequences are admitted: fewest prompt tokens left to compute
+first, except preempted and overdue ones, which keep first-come-first-served order ahead."""
+
+import time
+
+import pytest
+
+from engine.admission_order import DEFAULT_WINDOW, admission_order
+from engine.base.config import EngineConfig
+from engine.block_manager import BlockManager
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+from k25.cli import build_parser
+from tests.engine.test_scheduler import run_step
+
+DOCUMENT = list(range(100, 164))  # 64 tokens: four full blocks of 16
+
+
+def test_fewest_tokens_left_first_then_arrival():
+    assert admission_order([500, 20, 500, 20], [0.0] * 4, [False] * 4, overtake_limit_s=5.0) == [1, 3, 0, 2]
+
+
+def test_preempted_and_overdue_sequences_go_first_in_arrival_order():
+    order = admission_order([900, 10, 800, 700], [1.0, 1.0, 6.0, 1.0], [False, False, False, True], overtake_limit_s=5.0)
+    assert order == [2, 3, 1, 0]
+
+
+def test_limit_zero_is_first_come_first_served():
+    assert admission_order([500, 20, 300], [0.0, 0.0, 0.0], [False] * 3, overtake_limit_s=0.0) == [0, 1, 2]
+
+
+def question(name: str, prompt: list[int]) -> Sequence:
+    return Sequence(name, prompt, SamplingParams(max_tokens=2))
+
+
+def scheduler_with_cached_document(overtake_limit_s: float) -> Scheduler:
+    """A scheduler whose prefix cache holds DOCUMENT, then two new 200-token documents queued
+    before a second question about DOCUMENT."""
+    scheduler = Scheduler(BlockManager(64, 16), max_num_batched_tokens=32, max_num_seqs=8, overtake_limit_s=overtake_limit_s)
+    scheduler.add(question("first", DOCUMENT + [1, 2, 3]))
+    while scheduler.num_unfinished:
+        run_step(scheduler)
+    scheduler.add(question("new-a", list(range(1000, 1200))))
+    scheduler.add(question("new-b", list(range(2000, 2200))))
+    scheduler.add(question("second", DOCUMENT + [4, 5, 6]))
+    return scheduler
+
+
+def test_a_question_about_a_cached_document_overtakes_new_documents():
+    batch = scheduler_with_cached_document(overtake_limit_s=5.0).schedule()
+    # the second question computes only its last 3 tokens; new-a takes the rest of the budget
+    assert [(s.request_id, n) for s, n in batch.items] == [("second", 3), ("new-a", 29)]
+    assert batch.items[0][0].num_cached_tokens == len(DOCUMENT)
+
+
+def test_first_come_first_served_when_the_limit_is_zero():
+    batch = scheduler_with_cached_document(overtake_limit_s=0.0).schedule()
+    assert [(s.request_id, n) for s, n in batch.items] == [("new-a", 32)]
+
+
+def test_a_request_waiting_past_the_limit_is_not_overtaken():
+    scheduler = scheduler_with_cached_document(overtake_limit_s=5.0)
+    scheduler.waiting[1].arrival_time = time.monotonic() - 6.0  # new-b has waited 6 s
+    batch = scheduler.schedule()
+    assert [(s.request_id, n) for s, n in batch.items] == [("new-b", 32)]
+
+
+def test_only_the_window_is_reordered():
+    scheduler = Scheduler(BlockManager(512, 16), max_num_batched_tokens=8, max_num_seqs=1, overtake_limit_s=5.0)
+    for i in range(DEFAULT_WINDOW):
+        scheduler.add(question(f"long{i}", list(range(40))))
+    scheduler.add(question("short", [1]))  # shortest, but behind a full window
+    assert [s.request_id for s in scheduler._admission_order()][-1] == "short"
+    assert [s.request_id for s, _ in scheduler.schedule().items] == ["long0"]
+
+
+@pytest.mark.parametrize("value, message", [
+    ("-1", "must be 0 or more seconds, got -1"),
+    ("nan", "must be 0 or more seconds, got nan"),
+    ("soon", "expected seconds, got 'soon'"),
+])
+def test_the_engine_refuses_an_overtake_limit_that_is_not_seconds(value, message, capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["engine", "--overtake-limit-s", value])
+    assert f"argument --overtake-limit-s: {message}" in capsys.readouterr().err
+
+
+def test_the_flag_defaults_to_the_engine_configs_default():
+    args = build_parser().parse_args(["engine", "--overtake-limit-s", "0"])
+    assert args.overtake_limit_s == 0.0
+    assert build_parser().parse_args(["engine"]).overtake_limit_s == EngineConfig().overtake_limit_s
