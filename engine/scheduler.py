@@ -11,7 +11,10 @@ preempted: its blocks are freed and it is recomputed later from its tokens.
 
 A waiting sequence starts from the longest run of its full blocks found in the prefix
 cache (engine/block_manager.py): those tokens are not computed again and cost no budget.
-A preempted sequence finds its own blocks there again unless their space was needed."""
+A preempted sequence finds its own blocks there again unless their space was needed.
+A waiting sequence whose next uncached block a running sequence is computing now (a
+second question about a document whose first is still being prefilled) waits, keeping its
+place, and finds that block cached once it is: the same prompt is never prefilled twice at once."""
 
 import time
 from dataclasses import dataclass, field
@@ -100,12 +103,15 @@ class Scheduler:
 
     def _admit(self, batch: ScheduledBatch, budget: int) -> None:
         adapters = self.running_adapter_ids()
+        prefilling = self._blocks_being_prefilled()
         for seq in self._admission_order():
             if budget <= 0 or len(self.running) >= self.max_num_seqs:
                 break
             if seq.adapter is not None and seq.adapter.id not in adapters and len(adapters) >= self.max_loras:
                 continue  # passed over for want of an adapter slot; keeps its place
             reuse = self._cached_prefix(seq)
+            if prefilling is not None and self._next_block_hash(seq, len(reuse)) in prefilling:
+                continue  # a running sequence is computing it: found cached in a later step
             computed = seq.num_computed_tokens + len(reuse) * self.block_manager.block_size
             n = min(seq.num_tokens - computed, budget)
             # leave a block per running sequence for its next token: admitting into the last free
@@ -122,6 +128,8 @@ class Scheduler:
             batch.items.append((seq, n))
             batch.admitted.append(seq)
             budget -= n
+            if prefilling is not None:
+                prefilling.update(self._uncomputed_prompt_blocks(seq))
 
     def _admission_order(self) -> list[Sequence]:
         """The waiting sequences in the order to try them (engine/admission_order.py)."""
@@ -137,6 +145,24 @@ class Scheduler:
             self.overtake_limit_s,
         )
         return [window[i] for i in order] + self.waiting[DEFAULT_WINDOW:]
+
+    def _blocks_being_prefilled(self) -> set[int] | None:
+        """The hashes of the full prompt blocks running sequences have yet to compute (None
+        without prefix caching: nothing to wait for)."""
+        if not self.block_manager.prefix_caching:
+            return None
+        return {h for seq in self.running if not seq.output_token_ids for h in self._uncomputed_prompt_blocks(seq)}
+
+    def _uncomputed_prompt_blocks(self, seq: Sequence) -> list[int]:
+        block_size = self.block_manager.block_size
+        return seq.full_block_hashes(len(seq.prompt_token_ids) // block_size, block_size)[seq.num_computed_tokens // block_size :]
+
+    def _next_block_hash(self, seq: Sequence, cached_blocks: int) -> int | None:
+        """The hash of the full block after a waiting sequence's cached prefix; None if it has none."""
+        block_size = self.block_manager.block_size
+        if cached_blocks >= (seq.num_tokens - 1) // block_size:
+            return None
+        return seq.full_block_hashes(cached_blocks + 1, block_size)[cached_blocks]
 
     def _cached_prefix(self, seq: Sequence) -> list[int]:
         """The cached blocks a waiting sequence can start from. Its last token is always

@@ -90,3 +90,27 @@ def test_the_flag_defaults_to_the_engine_configs_default():
     args = build_parser().parse_args(["engine", "--overtake-limit-s", "0"])
     assert args.overtake_limit_s == 0.0
     assert build_parser().parse_args(["engine"]).overtake_limit_s == EngineConfig().overtake_limit_s
+
+
+def test_a_prompt_being_prefilled_is_not_prefilled_twice_at_once():
+    scheduler = Scheduler(BlockManager(64, 16), max_num_batched_tokens=100, max_num_seqs=8, overtake_limit_s=5.0)
+    scheduler.add(question("first", DOCUMENT + [1, 2, 3]))
+    scheduler.add(question("second", DOCUMENT + [4, 5, 6]))
+    other = question("other", list(range(500, 520)))
+    scheduler.add(other)
+    # the budget would have room for the second question's 67 tokens, but its document is the first's:
+    # it waits, keeping its place, while an unrelated prompt goes ahead
+    assert run_and_list(scheduler) == [("other", 20), ("first", 67)]
+    assert [s.request_id for s in scheduler.waiting] == ["second"]
+    assert ("second", 3) in run_and_list(scheduler)  # the document's four blocks found cached
+
+
+def run_and_list(scheduler: Scheduler) -> list[tuple[str, int]]:
+    """One fake step (as run_step, without finishing anyone): what it computed, by request id."""
+    batch = scheduler.schedule()
+    items = list(batch.items)
+    for seq, n in items:
+        scheduler.mark_computed(seq, n)
+        if seq.num_computed_tokens == seq.num_tokens:
+            seq.output_token_ids.append(7)
+    return [(s.request_id, n) for s, n in items]

@@ -122,7 +122,8 @@ def test_decodes_are_scheduled_before_prefill_slices():
 def test_preemption_frees_blocks_and_recomputes_later_arrival():
     # 6 blocks of 4 tokens: two sequences of 6 prompt tokens fit, but not both growing to 14
     scheduler = Scheduler(BlockManager(6, 4), max_num_batched_tokens=64, max_num_seqs=4)
-    early, late = make_seq(6, 8, "early"), make_seq(6, 8, "late")
+    early = make_seq(6, 8, "early")
+    late = Sequence("late", list(range(100, 106)), SamplingParams(max_tokens=8))  # shares no block with early
     scheduler.add(early)
     scheduler.add(late)
     preempted = []
