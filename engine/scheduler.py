@@ -2,10 +2,11 @@
 
 Each step: running sequences that are decoding get their one token first, then running
 sequences part-way through their prompt get their next prefill slice, then waiting
-sequences are admitted, fewest prompt tokens left to compute first (engine/admission_order.py),
-while budget, sequence slots and KV blocks last (keeping one free block per running sequence). A waiting sequence whose
-adapter would make more than `max_loras` distinct adapters in the running batch gets no
-device slot this step: it is passed over, keeps its place, and later ones go ahead.
+sequences are admitted, fewest prompt tokens left to compute first
+(engine/admission_order.py), while budget, sequence slots and KV blocks last (keeping one
+free block per running sequence). A waiting sequence whose adapter would make more than
+`max_loras` distinct adapters in the running batch gets no device slot this step: it is
+passed over, keeps its place, and later ones go ahead.
 When a running sequence needs a block and none is free, the most recent arrival is
 preempted: its blocks are freed and it is recomputed later from its tokens.
 
@@ -14,7 +15,8 @@ cache (engine/block_manager.py): those tokens are not computed again and cost no
 A preempted sequence finds its own blocks there again unless their space was needed.
 A waiting sequence whose next uncached block a running sequence is computing now (a
 second question about a document whose first is still being prefilled) waits, keeping its
-place, and finds that block cached once it is: the same prompt is never prefilled twice at once."""
+place, and finds that block cached once it is: the same prompt is never prefilled twice
+at once."""
 
 import time
 from dataclasses import dataclass, field
