@@ -5,7 +5,8 @@ pool when its prompt plus `max_tokens` is within the pool's context (`max_model_
 Among the pools it fits, the preferred one is the smallest `chunk_size` that holds the
 whole prompt in one chunk (least padding); a prompt longer than every chunk goes to the
 largest `chunk_size` (fewest chunks). Within a pool, engines are ordered by free KV (in
-steps of 5%, most first), then by load (running and waiting as last reported, plus this
+steps of 5%, most first; the heartbeat's figure less the prompt tokens this gateway sent
+there that have no first token yet, since the heartbeat is up to a second old), then by load (running and waiting as last reported, plus this
 gateway's own requests open on it, which are fresher), then by a turn that rotates with
 every request, so that idle engines share the work instead of the first one taking it all.
 When some engine's prefix cache holds part of the prompt (`cached_share`, from the
@@ -17,7 +18,10 @@ document in 256-token chunks: about 31 requests; a prompt of one chunk: 4), when
 takes them (and caches the document too). Load counts, besides requests, the prefill this
 gateway sent an engine that has not produced a first token yet, QUEUED_CHUNK_REQUESTS a
 chunk: a queued document weighs what its prefill costs, not one request, so that new
-documents go to the engine with the least of them queued.
+documents go to the engine with the least of them queued. That queued prefill weighs on a
+request in proportion to the part of its prompt the engine does not hold: engines admit
+the waiting request with the fewest tokens left to compute first (engine/admission_order.py),
+so a question whose document an engine holds goes ahead of the documents queued there.
 Those whose last heartbeat reported them past their KV admission limit or with their queue
 full come last rather than not at all, since a heartbeat is up to a second old and the
 engine's own admission check is the one that counts (a refusal costs one round trip). Both
@@ -72,6 +76,7 @@ class EngineView:
     healthy: bool = True  # false: its steps are failing, it refuses new work
     draining: bool = False  # true: it is shutting down, it refuses new work
     step_failures: int = 0  # its recently failed steps, as it reports them
+    capacity_tokens: int = 0  # its KV cache in tokens; 0: not reported
 
     @property
     def routable(self) -> bool:
@@ -103,12 +108,13 @@ class EngineView:
                 healthy=_flag(entry, "healthy", True),
                 draining=_flag(entry, "draining", False),
                 step_failures=int(entry.get("step_failures") or 0),
+                capacity_tokens=int(entry.get("capacity_tokens") or 0),
             )
         except (KeyError, TypeError, ValueError):
             return None
         sane = (view.chunk_size > 0 and view.max_model_len > 0 and 0.0 <= view.kv_admission_limit <= 1.0
                 and view.max_waiting >= 0 and view.heartbeat_ttl_s > 0 and view.block_size >= 0
-                and view.step_failures >= 0)  # NaN fails every comparison
+                and view.step_failures >= 0 and view.capacity_tokens >= 0)  # NaN fails every comparison
         return view if sane else None
 
 
@@ -178,7 +184,15 @@ def plan_route(engines: list[EngineView], prompt_tokens: int, max_tokens: int,
         def load(e: EngineView) -> float:
             queued_chunks = (unprefilled_tokens or {}).get(e.engine_id, 0) / chunk_size
             return (e.running + e.waiting + (open_requests or {}).get(e.engine_id, 0)
-                    + QUEUED_CHUNK_REQUESTS * queued_chunks)
+                    + QUEUED_CHUNK_REQUESTS * queued_chunks * (1.0 - share[e.engine_id]))
+
+        def free_kv(e: EngineView) -> float:
+            # the heartbeat is up to a second old: a burst of documents sent within it would all
+            # see the same engine with the most free KV, so what this gateway sent there that has
+            # not started answering counts as taken
+            if e.capacity_tokens <= 0:
+                return e.free_kv_fraction
+            return max(0.0, e.free_kv_fraction - (unprefilled_tokens or {}).get(e.engine_id, 0) / e.capacity_tokens)
 
         def rotation(e: EngineView) -> int:
             return (ids.index(e.engine_id) - turn) % len(ids)
@@ -188,9 +202,9 @@ def plan_route(engines: list[EngineView], prompt_tokens: int, max_tokens: int,
 
         if any(share.values()):
             fitting.sort(key=lambda e: (standing(e), load(e) - CACHE_AFFINITY_REQUESTS * share[e.engine_id] * prompt_chunks,
-                                        -e.free_kv_fraction, rotation(e)))
+                                        -free_kv(e), rotation(e)))
         else:
-            fitting.sort(key=lambda e: (standing(e), -round(e.free_kv_fraction * KV_STEPS), load(e), rotation(e)))
+            fitting.sort(key=lambda e: (standing(e), -round(free_kv(e) * KV_STEPS), load(e), rotation(e)))
         routes.append(PoolRoute(pool, chunk_size, tuple(fitting)))
     if not routes:
         return RoutePlan(refusal=Refusal.NEVER_FITS, max_context=max_context)

@@ -127,6 +127,8 @@ def test_a_complete_entry_is_read():
     {"kv_admission_limit": float("nan")},
     {"max_waiting": -1},
     {"heartbeat_ttl_s": 0},
+    {"capacity_tokens": -1},
+    {"capacity_tokens": "lots"},
 ])
 def test_broken_registry_entries_are_ignored(change):
     assert EngineView.from_entry("e", {**GOOD_ENTRY, **change}) is None
@@ -146,7 +148,7 @@ def test_registry_entry_as_the_engine_writes_it():
                             kv_admission_limit=0.8, max_waiting=64, heartbeat_ttl_s=3.0, block_size=32, incarnation="i7")
     view = EngineView.from_entry("e1", registry_entry(profile, EngineStats(running=2, waiting=1, kv_usage=0.25)))
     assert view == EngineView("e1", "10.1.2.3:5555", "long", "m", 2048, 8192, 0.75, 2, 1, 0.8, 64, 3.0,
-                              block_size=32, incarnation="i7")
+                              block_size=32, incarnation="i7", capacity_tokens=8192)
     uncached = registry_entry(EngineProfile(**{**profile.__dict__, "prefix_caching": False}), EngineStats())
     assert EngineView.from_entry("e1", uncached).block_size == 0  # no prefix cache: nothing to route by
 
@@ -182,11 +184,28 @@ def test_prefill_still_queued_on_an_engine_counts_as_load_by_its_chunks():
     engines = [engine("docs", running=2), engine("questions", running=5)]
     assert order(plan_route(engines, 1000, 10)) == ["docs", "questions"]
     assert order(plan_route(engines, 1000, 10, unprefilled_tokens={"docs": 2048})) == ["questions", "docs"]
-    # the engine holding the prompt pays for its queue too: holding 4 chunks is worth 16
-    # requests, 8 queued chunks (2,048 tokens) weigh as much
+    # queued prefill weighs on a request as much as it has prefill of its own there: engines
+    # admit fewest tokens left first, so a fully cached question goes ahead of queued documents
     held = [engine("holder"), engine("idle")]
-    assert order(plan_route(held, 1024, 10, cached_share={"holder": 1.0}, unprefilled_tokens={"holder": 2100})) == ["idle", "holder"]
-    assert order(plan_route(held, 1024, 10, cached_share={"holder": 1.0}, unprefilled_tokens={"holder": 1900})) == ["holder", "idle"]
+    assert order(plan_route(held, 1024, 10, cached_share={"holder": 1.0}, unprefilled_tokens={"holder": 20_000})) == ["holder", "idle"]
+    # half of it held: holding 2 chunks is worth 8 requests; 8 queued chunks (2,048 tokens)
+    # weigh 16 at full, 8 for the half it must compute there
+    assert order(plan_route(held, 1024, 10, cached_share={"holder": 0.5}, unprefilled_tokens={"holder": 2100})) == ["idle", "holder"]
+    assert order(plan_route(held, 1024, 10, cached_share={"holder": 0.5}, unprefilled_tokens={"holder": 1900})) == ["holder", "idle"]
+    # requests still count in full: a holder with more requests than its cache is worth loses
+    busy = [engine("holder", running=17), engine("idle")]
+    assert order(plan_route(busy, 1024, 10, cached_share={"holder": 1.0}, unprefilled_tokens={"holder": 20_000})) == ["idle", "holder"]
+
+
+def test_prompts_sent_since_the_last_heartbeat_count_against_free_kv():
+    # the heartbeat still shows a finished request's KV on "a": without counting what was sent to
+    # "b" since, every document of a burst would go to "b"
+    a = replace(engine("a", free=0.97, running=1), capacity_tokens=70_000)
+    b = replace(engine("b", free=1.0), capacity_tokens=70_000)
+    assert order(plan_route([a, b], 2000, 16)) == ["b", "a"]
+    assert order(plan_route([a, b], 2000, 16, unprefilled_tokens={"b": 2000})) == ["a", "b"]  # 0.971: the same 5% step
+    # an engine that does not report its capacity is taken at its heartbeat's word
+    assert order(plan_route([a, replace(b, capacity_tokens=0)], 2000, 16, unprefilled_tokens={"b": 60_000})) == ["b", "a"]
 
 
 def test_nothing_cached_routes_by_free_kv_and_load_as_before():
