@@ -6,9 +6,10 @@ Among the pools it fits, the preferred one is the smallest `chunk_size` that hol
 whole prompt in one chunk (least padding); a prompt longer than every chunk goes to the
 largest `chunk_size` (fewest chunks). Within a pool, engines are ordered by free KV (in
 steps of 5%, most first; the heartbeat's figure less the prompt tokens this gateway sent
-there that have no first token yet, since the heartbeat is up to a second old), then by load (running and waiting as last reported, plus this
-gateway's own requests open on it, which are fresher), then by a turn that rotates with
-every request, so that idle engines share the work instead of the first one taking it all.
+there that have no first token yet, since the heartbeat is up to a second old), then by
+load (running and waiting as last reported, plus this gateway's own requests open on it,
+which are fresher), then by a turn that rotates with every request, so that idle engines
+share the work instead of the first one taking it all.
 When some engine's prefix cache holds part of the prompt (`cached_share`, from the
 gateway's prefix index), load decides instead, less CACHE_AFFINITY_REQUESTS times the
 chunks of the prompt each engine holds (its share times the prompt's length in chunks, at
