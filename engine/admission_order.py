@@ -9,12 +9,12 @@ a sequence already admitted once (preempted: it holds a user's partial answer), 
 that has waited `overtake_limit_s` or more, so that a steady flow of short prompts cannot
 starve a long one. `overtake_limit_s` 0 is plain first-come-first-served.
 
-Only the first `window` waiting sequences are considered (the rest keep their order
+Only the first ORDER_WINDOW waiting sequences are considered (the rest keep their order
 behind them): the cost of a step's ordering stays bounded however long the queue grows."""
 
 from collections.abc import Sequence as Seq
 
-DEFAULT_WINDOW = 32
+ORDER_WINDOW = 32
 
 
 def admission_order(

@@ -21,7 +21,7 @@ at once."""
 import time
 from dataclasses import dataclass, field
 
-from engine.admission_order import DEFAULT_WINDOW, admission_order
+from engine.admission_order import ORDER_WINDOW, admission_order
 from engine.block_manager import BlockManager
 from engine.sequence import Sequence, SequenceStatus
 
@@ -111,6 +111,7 @@ class Scheduler:
                 break
             if seq.adapter is not None and seq.adapter.id not in adapters and len(adapters) >= self.max_loras:
                 continue  # passed over for want of an adapter slot; keeps its place
+            # looked up again, not taken from the ordering: admitting one sequence may evict blocks another found
             reuse = self._cached_prefix(seq)
             if prefilling is not None and self._next_block_hash(seq, len(reuse)) in prefilling:
                 continue  # a running sequence is computing it: found cached in a later step
@@ -137,7 +138,7 @@ class Scheduler:
         """The waiting sequences in the order to try them (engine/admission_order.py)."""
         if self.overtake_limit_s <= 0 or len(self.waiting) < 2:
             return list(self.waiting)
-        window = self.waiting[:DEFAULT_WINDOW]
+        window = self.waiting[:ORDER_WINDOW]
         now = time.monotonic()
         block_size = self.block_manager.block_size
         order = admission_order(
@@ -146,7 +147,7 @@ class Scheduler:
             [s.preemptions > 0 for s in window],
             self.overtake_limit_s,
         )
-        return [window[i] for i in order] + self.waiting[DEFAULT_WINDOW:]
+        return [window[i] for i in order] + self.waiting[ORDER_WINDOW:]
 
     def _blocks_being_prefilled(self) -> set[int] | None:
         """The hashes of the full prompt blocks running sequences have yet to compute (None
@@ -157,7 +158,8 @@ class Scheduler:
 
     def _uncomputed_prompt_blocks(self, seq: Sequence) -> list[int]:
         block_size = self.block_manager.block_size
-        return seq.full_block_hashes(len(seq.prompt_token_ids) // block_size, block_size)[seq.num_computed_tokens // block_size :]
+        prompt_blocks = seq.full_block_hashes(len(seq.prompt_token_ids) // block_size, block_size)
+        return prompt_blocks[seq.num_computed_tokens // block_size :]
 
     def _next_block_hash(self, seq: Sequence, cached_blocks: int) -> int | None:
         """The hash of the full block after a waiting sequence's cached prefix; None if it has none."""

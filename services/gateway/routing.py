@@ -182,8 +182,10 @@ def plan_route(engines: list[EngineView], prompt_tokens: int, max_tokens: int,
         share = {e.engine_id: (cached_share or {}).get(e.engine_id, 0.0) for e in fitting}
         prompt_chunks = max(1.0, prompt_tokens / chunk_size)
 
+        unprefilled = unprefilled_tokens or {}
+
         def load(e: EngineView) -> float:
-            queued_chunks = (unprefilled_tokens or {}).get(e.engine_id, 0) / chunk_size
+            queued_chunks = unprefilled.get(e.engine_id, 0) / chunk_size
             return (e.running + e.waiting + (open_requests or {}).get(e.engine_id, 0)
                     + QUEUED_CHUNK_REQUESTS * queued_chunks * (1.0 - share[e.engine_id]))
 
@@ -193,7 +195,7 @@ def plan_route(engines: list[EngineView], prompt_tokens: int, max_tokens: int,
             # not started answering counts as taken
             if e.capacity_tokens <= 0:
                 return e.free_kv_fraction
-            return max(0.0, e.free_kv_fraction - (unprefilled_tokens or {}).get(e.engine_id, 0) / e.capacity_tokens)
+            return max(0.0, e.free_kv_fraction - unprefilled.get(e.engine_id, 0) / e.capacity_tokens)
 
         def rotation(e: EngineView) -> int:
             return (ids.index(e.engine_id) - turn) % len(ids)

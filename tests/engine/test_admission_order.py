@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from engine.admission_order import DEFAULT_WINDOW, admission_order
+from engine.admission_order import ORDER_WINDOW, admission_order
 from engine.base.config import EngineConfig
 from engine.block_manager import BlockManager
 from engine.sampling_params import SamplingParams
@@ -68,7 +68,7 @@ def test_a_request_waiting_past_the_limit_is_not_overtaken():
 
 def test_only_the_window_is_reordered():
     scheduler = Scheduler(BlockManager(512, 16), max_num_batched_tokens=8, max_num_seqs=1, overtake_limit_s=5.0)
-    for i in range(DEFAULT_WINDOW):
+    for i in range(ORDER_WINDOW):
         scheduler.add(question(f"long{i}", list(range(40))))
     scheduler.add(question("short", [1]))  # shortest, but behind a full window
     assert [s.request_id for s in scheduler._admission_order()][-1] == "short"
