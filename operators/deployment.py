@@ -83,7 +83,8 @@ def engine_args(spec: EnginePoolSpec, pool_name: str, release: str) -> list[str]
     # the compute settings the pool sets; the rest are the engine's defaults for its device
     for flag, value in (("--dtype", spec.dtype), ("--quant", spec.quant),
                         ("--max-num-batched-tokens", spec.max_num_batched_tokens),
-                        ("--max-num-seqs", spec.max_num_seqs), ("--gpu-memory-utilization", spec.gpu_memory_utilization)):
+                        ("--max-num-seqs", spec.max_num_seqs), ("--gpu-memory-utilization", spec.gpu_memory_utilization),
+                        ("--overtake-limit-s", spec.overtake_limit_s)):
         if value is not None:
             args += [flag, str(value)]
     if not spec.prefix_caching:

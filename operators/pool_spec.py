@@ -1,6 +1,7 @@
 """An EnginePool's spec as a typed value, with the defaults and checks of its CRD (the
 API server enforces them too; checking here keeps the operator honest on any server)."""
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -76,6 +77,7 @@ class EnginePoolSpec:
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
     gpu_memory_utilization: float | None = None
+    overtake_limit_s: float | None = None  # 0: first come, first served
     prefix_caching: bool = True
     drain_timeout_s: int = 25  # on SIGTERM, running requests get this long to finish
     model_sha256: dict[str, str] = field(default_factory=dict)  # file -> the sha256 the engine checks
@@ -130,6 +132,7 @@ def parse_pool_spec(spec: dict) -> EnginePoolSpec:
         max_num_batched_tokens=_optional_integer(spec, "maxNumBatchedTokens", least=1),
         max_num_seqs=_optional_integer(spec, "maxNumSeqs", least=1),
         gpu_memory_utilization=_optional_fraction(spec, "gpuMemoryUtilization"),
+        overtake_limit_s=_optional_seconds(spec, "overtakeLimitS"),
         prefix_caching=_boolean(spec, "prefixCaching", True),
         drain_timeout_s=_integer(spec, "drainTimeoutSeconds", 25, least=0, most=MAX_DRAIN_TIMEOUT_S),
         model_sha256=_model_sha256(spec.get("modelSha256") or {}),
@@ -263,6 +266,15 @@ def _optional_fraction(spec: dict, name: str) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
         raise PoolSpecError(f"spec.{name} must be a number in (0, 1], got {value!r}")
+    return float(value)
+
+
+def _optional_seconds(spec: dict, name: str) -> float | None:
+    value = spec.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:  # NaN too
+        raise PoolSpecError(f"spec.{name} must be a number of seconds, 0 or more, got {value!r}")
     return float(value)
 
 

@@ -1,7 +1,8 @@
 """The engines' compute settings through the chart: engine.dtype, .maxNumBatchedTokens,
-.maxNumSeqs and .gpuMemoryUtilization and each pool's own keys become the EnginePools' spec
-fields (valid against the CRD), which the operator turns into `k25 engine` flags; left at
-auto / 0 they write nothing and the engine keeps its own defaults."""
+.maxNumSeqs, .gpuMemoryUtilization and .overtakeLimitS and each pool's own keys become the
+EnginePools' spec fields (valid against the CRD), which the operator turns into `k25 engine`
+flags; left at auto / 0 (overtakeLimitS: null, as its 0 is first come, first served) they
+write nothing and the engine keeps its own defaults."""
 
 import yaml
 
@@ -57,6 +58,36 @@ def test_engine_sets_every_pool_and_a_pools_own_key_wins(tmp_path):
     assert engine_settings(objects) == {"h100": ("bfloat16", 1024, 128, 0.85, "cuda"),
                                         "h200": ("float16", 1024, 256, 0.95, "cuda"),
                                         "cpu": ("auto", 256, 128, 0.85, "cpu")}
+
+
+def overtake_limits(objects) -> dict[str, object]:
+    """Each pool's spec.overtakeLimitS (absent: None) and the --overtake-limit-s its engine gets."""
+    specs = {p["metadata"]["name"]: p["spec"].get("overtakeLimitS") for p in of_kind(objects, "EnginePool")}
+    crds = of_kind(objects, "CustomResourceDefinition")
+    assert all(custom_resource_errors(p, crd_for(p, crds)) == [] for p in of_kind(objects, "EnginePool"))
+    flags = {}
+    for deployment in engine_deployments(objects):
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        flags[deployment["metadata"]["name"].removesuffix("-engine")] = (
+            build_parser().parse_args(args[1:]).overtake_limit_s if "--overtake-limit-s" in args else None)
+    return {name: (specs[name], flags[name]) for name in specs}
+
+
+def test_overtake_limit_0_is_written_and_reaches_the_engine_and_null_or_absent_is_not(tmp_path):
+    assert yaml.safe_load((CHART / "values.yaml").read_text())["engine"]["overtakeLimitS"] is None
+    assert set(overtake_limits(rendered(None)).values()) == {(None, None)}  # the engine's default, 5 s
+    fcfs = ("  pools:\n"
+            "    - {name: h100, nodeType: H100-80G, chunkSize: 8192}\n"
+            "    - {name: h200, nodeType: H200, chunkSize: 8192, overtakeLimitS: 2.5}\n"
+            "    - {name: cpu, nodeType: CPU, chunkSize: 256, overtakeLimitS: 0}\n")
+    # engine's 0 (falsy in a Go template) is a setting: every pool without its own gets it
+    assert overtake_limits(rendered_with("engine:\n  overtakeLimitS: 0\n" + fcfs, tmp_path)) == {
+        "h100": (0, 0.0), "h200": (2.5, 2.5), "cpu": (0, 0.0)}
+    # engine's null or no engine value: only the pools' own, a pool's 0 included
+    for engine in ("engine:\n  overtakeLimitS: null\n", "engine:\n"):
+        assert overtake_limits(rendered_with(engine + fcfs, tmp_path)) == {
+            "h100": (None, None), "h200": (2.5, 2.5), "cpu": (0, 0.0)}
+    assert overtake_limits(rendered_with("engine:\n  overtakeLimitS: 10\n" + fcfs, tmp_path))["h100"] == (10, 10.0)
 
 
 def test_the_many_pools_value_set_renders_its_settings_valid_against_the_crd():

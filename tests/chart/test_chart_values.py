@@ -99,6 +99,12 @@ def rollouts(*entries: str, lora: int = 2) -> str:
     ("engine:\n  maxNumSeqs: -1\n", "/engine/maxNumSeqs': minimum: got -1, want 0"),
     ("engine:\n  maxNumBatchedTokens: 1.5\n", "/engine/maxNumBatchedTokens': got number, want integer"),
     ("engine:\n  gpuMemoryUtilization: 90\n", "/engine/gpuMemoryUtilization': maximum: got 90, want 1"),
+    # overtakeLimitS: 0 is first come, first served (engine's null: the engine's default)
+    (pools(H100 + ", overtakeLimitS: -1}"), "/engine/pools/0/overtakeLimitS': minimum: got -1, want 0"),
+    (pools(H100 + ', overtakeLimitS: "5"}'), "/engine/pools/0/overtakeLimitS': got string, want number"),
+    (pools(H100 + ", overtakeLimitS: null}"), "/engine/pools/0/overtakeLimitS': got null, want number"),
+    ("engine:\n  overtakeLimitS: -0.5\n", "/engine/overtakeLimitS': minimum: got -0.5, want 0"),
+    ("engine:\n  overtakeLimitS: 5s\n", "/engine/overtakeLimitS': got string, want null or number"),
     (pools("{name: cpu, nodeType: CPU, chunkSize: 256, gpusPerReplica: 0, dtype: float16}"),
      "engine.pools[0] (cpu): dtype float16 needs a GPU (gpusPerReplica is 0); on a CPU use float32, bfloat16 or auto"),
     ("engine:\n  dtype: float16\n  pools:\n    - " + H100 + "}\n    - {name: cpu, nodeType: CPU, chunkSize: 256}\n",

@@ -91,6 +91,8 @@ def test_gpus_per_replica_defaults_by_node_type_after_the_api_server_stored_it()
     ({"maxNumSeqs": "64"}, "is not of type 'integer'"),
     ({"gpuMemoryUtilization": 0}, "less than or equal to the minimum of 0"),
     ({"gpuMemoryUtilization": 1.1}, "greater than the maximum of 1"),
+    ({"overtakeLimitS": -1}, "less than the minimum of 0"),
+    ({"overtakeLimitS": "5"}, "is not of type 'number'"),
     ({"nodeType": "CPU", "dtype": "float16"}, "dtype float16 needs a GPU"),
     ({"nodeType": "CPU", "gpusPerReplica": 0, "dtype": "float16"}, "dtype float16 needs a GPU"),
     ({"nodeType": "L4", "maxChunkPerGpu": 2, "gpusPerReplica": 0, "dtype": "float16"}, "dtype float16 needs a GPU"),
@@ -121,8 +123,11 @@ def test_lora_is_off_unless_given_and_fills_in_the_engines_defaults():
 
 
 def test_compute_settings_are_optional_and_reach_the_operator_as_written():
-    assert not {"dtype", "maxNumBatchedTokens", "maxNumSeqs", "gpuMemoryUtilization"} & set(
+    assert not {"dtype", "maxNumBatchedTokens", "maxNumSeqs", "gpuMemoryUtilization", "overtakeLimitS"} & set(
         with_defaults(SPEC_SCHEMA, VALID))  # absent: the engine's defaults, no schema default
+    for limit in (0, 2.5):  # 0: first come, first served
+        assert api_server_accepts({**VALID, "overtakeLimitS": limit}) == []
+        assert parse_pool_spec(with_defaults(SPEC_SCHEMA, {**VALID, "overtakeLimitS": limit})).overtake_limit_s == limit
     settings = {"dtype": "bfloat16", "maxNumBatchedTokens": 2048, "maxNumSeqs": 256, "gpuMemoryUtilization": 1}
     assert api_server_accepts({**VALID, **settings}) == []
     spec = parse_pool_spec(with_defaults(SPEC_SCHEMA, {**VALID, **settings}))

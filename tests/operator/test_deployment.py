@@ -240,7 +240,8 @@ def test_the_engines_get_the_operators_otlp_endpoint_and_nothing_else_of_its_env
 
 def test_without_compute_settings_the_engine_takes_its_own_defaults():
     args = manifest()["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert not {"--dtype", "--max-num-batched-tokens", "--max-num-seqs", "--gpu-memory-utilization"} & set(args)
+    assert not {"--dtype", "--max-num-batched-tokens", "--max-num-seqs", "--gpu-memory-utilization",
+                "--overtake-limit-s"} & set(args)
 
 
 def test_the_compute_settings_the_pool_sets_reach_the_engine_as_the_cli_reads_them():
@@ -257,6 +258,22 @@ def test_the_compute_settings_the_pool_sets_reach_the_engine_as_the_cli_reads_th
     only = build_parser().parse_args(manifest(maxNumSeqs=8)["spec"]["template"]["spec"]["containers"][0]["args"][1:])
     assert (only.dtype, only.max_num_batched_tokens, only.max_num_seqs, only.gpu_memory_utilization) == (
         engine.dtype, engine.max_num_batched_tokens, 8, engine.gpu_memory_utilization)
+
+
+def test_the_overtake_limit_the_pool_sets_reaches_the_engine_and_0_is_passed_on():
+    engine = build_parser().parse_args(["engine"])
+    for limit in (2.5, 30, 0):
+        args = manifest(overtakeLimitS=limit)["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert args[args.index("--overtake-limit-s") + 1] == str(float(limit))
+        parsed = build_parser().parse_args(args[1:])
+        assert parsed.overtake_limit_s == limit
+        # only that flag: the rest are the engine's defaults
+        assert (parsed.dtype, parsed.max_num_seqs, parsed.gpu_memory_utilization) == (
+            engine.dtype, engine.max_num_seqs, engine.gpu_memory_utilization)
+    # absent: no flag, and the engine keeps its own default
+    args = manifest()["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--overtake-limit-s" not in args
+    assert build_parser().parse_args(args[1:]).overtake_limit_s == engine.overtake_limit_s == 5.0
 
 
 def test_prefix_caching_is_on_unless_the_pool_turns_it_off():

@@ -139,6 +139,15 @@ def test_compute_settings_are_the_engines_defaults_unless_set():
     assert parse_pool_spec({**MINIMAL, "gpuMemoryUtilization": 1}).gpu_memory_utilization == 1.0
 
 
+def test_the_overtake_limit_is_the_engines_default_unless_set_and_0_is_a_setting():
+    assert parse_pool_spec(MINIMAL).overtake_limit_s is None
+    assert parse_pool_spec({**MINIMAL, "overtakeLimitS": None}).overtake_limit_s is None
+    assert parse_pool_spec({**MINIMAL, "overtakeLimitS": 2.5}).overtake_limit_s == 2.5
+    zero = parse_pool_spec({**MINIMAL, "overtakeLimitS": 0}).overtake_limit_s  # first come, first served
+    assert zero == 0.0 and isinstance(zero, float)
+    assert parse_pool_spec({**MINIMAL, "overtakeLimitS": 30}).overtake_limit_s == 30.0
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_every_engine_dtype_is_accepted_on_a_gpu(dtype):
     assert parse_pool_spec({**MINIMAL, "dtype": dtype}).dtype == dtype
@@ -163,6 +172,12 @@ def test_the_dtypes_are_the_ones_k25_engine_takes():
     ({"gpuMemoryUtilization": 1.2}, r"spec.gpuMemoryUtilization must be a number in \(0, 1\], got 1.2"),
     ({"gpuMemoryUtilization": "0.9"}, "spec.gpuMemoryUtilization must be a number"),
     ({"gpuMemoryUtilization": True}, "spec.gpuMemoryUtilization must be a number"),
+    ({"overtakeLimitS": -1}, r"spec.overtakeLimitS must be a number of seconds, 0 or more, got -1"),
+    ({"overtakeLimitS": -0.5}, r"spec.overtakeLimitS must be a number of seconds, 0 or more, got -0.5"),
+    ({"overtakeLimitS": "5"}, "spec.overtakeLimitS must be a number of seconds, 0 or more, got '5'"),
+    ({"overtakeLimitS": True}, "spec.overtakeLimitS must be a number of seconds, 0 or more, got True"),
+    ({"overtakeLimitS": float("nan")}, "spec.overtakeLimitS must be a number of seconds, 0 or more, got nan"),
+    ({"overtakeLimitS": float("inf")}, "spec.overtakeLimitS must be a number of seconds, 0 or more, got inf"),
     ({"prefixCaching": "no"}, "spec.prefixCaching must be true or false, got 'no'"),
 ])
 def test_bad_compute_settings_say_which_field(bad, message):

@@ -165,13 +165,19 @@ sprig's merge, which takes a pool's maxLoras 0 or claimName "" for unset); (dict
 {{- end -}}
 
 {{/* A pool's compute settings as YAML: each one the pool sets, else engine's unless that is
-auto, 0 or "" (the engine's default for its device), else none; (dict "root" $ "pool" $pool) */}}
+auto, 0 or "" (the engine's default for its device), else none. overtakeLimitS 0 is a setting
+(first come, first served): engine's is left out only when null or absent (Helm 3 drops a key
+set to null, Helm 4 keeps it as nil). (dict "root" $ "pool" $pool) */}}
 {{- define "k25.poolCompute" -}}
 {{- $compute := dict -}}
-{{- range $key := list "dtype" "quant" "maxNumBatchedTokens" "maxNumSeqs" "gpuMemoryUtilization" -}}
+{{- range $key := list "dtype" "quant" "maxNumBatchedTokens" "maxNumSeqs" "gpuMemoryUtilization" "overtakeLimitS" -}}
 {{- $default := get $.root.Values.engine $key -}}
 {{- if hasKey $.pool $key -}}
 {{- $_ := set $compute $key (get $.pool $key) -}}
+{{- else if eq $key "overtakeLimitS" -}}
+{{- if and (hasKey $.root.Values.engine $key) (not (kindIs "invalid" $default)) -}}
+{{- $_ := set $compute $key $default -}}
+{{- end -}}
 {{- else if and $default (ne (toString $default) "auto") -}}
 {{- $_ := set $compute $key $default -}}
 {{- end -}}
