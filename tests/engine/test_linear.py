@@ -1,32 +1,86 @@
-"""The projections' matmul (engine.linear): bf16 weights packed for oneDNN give F.linear's
-results at every row count, and other dtypes stay plain tensors."""
+"""The projections' matmul (engine.linear): bf16 weights in the blocked layout of this project's
+kernel give x W^T (+ bias) within bf16's rounding at every row count (checked in float64),
+weights the kernel cannot take are packed for oneDNN and give F.linear's results, and other
+dtypes stay plain tensors."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.linear import PACKED_FOR_ROWS, Weight
+from engine.linear import PACKED_FOR_ROWS, Weight, blocked_kernel, to_blocked
+
+BF16_UNIT_ROUNDOFF = 2.0**-8  # 8 significant bits, rounded to nearest
+FP32_UNIT_ROUNDOFF = 2.0**-24
+
+
+def needs_blocked_kernel():
+    if blocked_kernel(torch.zeros(16, 2, dtype=torch.bfloat16)) is None:
+        pytest.skip("no AVX512-BF16 build of the CPU kernels here: the blocked layout is not used")
+
+
+def test_blocked_layout_puts_16_columns_by_pairs_of_inputs():
+    weight = torch.arange(32 * 6, dtype=torch.float32).view(32, 6).bfloat16()  # integers < 256: exact in bf16
+    blocked = to_blocked(weight)
+    assert blocked.shape == (2, 3, 16, 2)
+    for block, pair, column, half in [(0, 0, 0, 0), (1, 2, 15, 1), (0, 1, 7, 1), (1, 0, 3, 0)]:
+        assert blocked[block, pair, column, half] == weight[16 * block + column, 2 * pair + half]
+
+
+# 1-12 rows are one register tile; 13 and 200 need several and a partial last one; 48 outputs
+# are three 16-column blocks, so the last pair of blocks is a single one
+@pytest.mark.parametrize("rows", [1, 2, 4, 5, 12, 13, PACKED_FOR_ROWS, 200])
+@pytest.mark.parametrize("out_features", [48, 96])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_blocked_bf16_weights_give_the_float64_result_within_bf16_rounding(rows, out_features, with_bias):
+    needs_blocked_kernel()
+    in_features = 70
+    generator = torch.Generator().manual_seed(rows * out_features)
+    plain = torch.randn(out_features, in_features, generator=generator).bfloat16()
+    x = torch.randn(rows, in_features, generator=generator).bfloat16()
+    bias = torch.randn(out_features, generator=generator).bfloat16() if with_bias else None
+    weight = Weight(plain)
+    assert weight.layout == "blocked" and weight.plain is None and weight.nbytes == plain.numel() * 2
+
+    got = weight(x, bias).double()
+    exact = x.double() @ plain.double().T + (bias.double() if with_bias else 0)
+    # bf16 x bf16 products are exact in fp32; summing in_features of them (and the bias) in
+    # fp32 errs by at most (in_features + 1) u32 times the sum of magnitudes; rounding to bf16
+    # adds at most u16 of the result
+    magnitudes = x.double().abs() @ plain.double().abs().T + (bias.double().abs() if with_bias else 0)
+    bound = BF16_UNIT_ROUNDOFF * exact.abs() + (1 + BF16_UNIT_ROUNDOFF) * (in_features + 1) * FP32_UNIT_ROUNDOFF * magnitudes
+    assert got.dtype == torch.float64 and bool(((got - exact).abs() <= bound).all())
+
+
+def test_the_blocked_kernel_refuses_mismatched_inputs_with_a_message():
+    needs_blocked_kernel()
+    weight = Weight(torch.randn(32, 8).bfloat16())
+    with pytest.raises(RuntimeError, match="x has 6 columns, the weight takes 8"):
+        weight(torch.randn(2, 6).bfloat16())
+    with pytest.raises(RuntimeError, match=r"x must be \[rows, K\] bfloat16"):
+        weight(torch.randn(2, 8))
+    with pytest.raises(RuntimeError, match="bias must be 32 contiguous bfloat16"):
+        weight(torch.randn(2, 8).bfloat16(), torch.randn(16).bfloat16())
 
 
 @pytest.mark.parametrize("rows", [1, 3, PACKED_FOR_ROWS, 200])
-def test_packed_bf16_weights_give_f_linears_result(rows):
-    generator = torch.Generator().manual_seed(rows)
-    plain = torch.randn(96, 48, generator=generator).bfloat16()
-    x, bias = torch.randn(rows, 48, generator=generator).bfloat16(), torch.randn(96, generator=generator).bfloat16()
-    weight = Weight(plain)
+def test_weights_the_kernel_cannot_block_are_packed_for_onednn_with_f_linears_result(rows):
     if not torch.backends.mkldnn.is_available():
         pytest.skip("this torch has no oneDNN: nothing is packed")
-    assert weight.packed is not None and weight.plain is None and weight.nbytes == plain.numel() * 2
+    generator = torch.Generator().manual_seed(rows)
+    plain = torch.randn(100, 48, generator=generator).bfloat16()  # 100 outputs: not whole 16-column blocks
+    x, bias = torch.randn(rows, 48, generator=generator).bfloat16(), torch.randn(100, generator=generator).bfloat16()
+    weight = Weight(plain)
+    assert weight.layout == "onednn" and weight.plain is None and weight.nbytes == plain.numel() * 2
     # both run oneDNN's bf16 kernel with fp32 accumulation; packing only reorders the weights
     torch.testing.assert_close(weight(x, bias), F.linear(x, plain, bias), rtol=0, atol=0)
 
 
 def test_fp32_weights_stay_plain_and_a_kept_plain_copy_is_counted():
-    fp32 = torch.randn(8, 4)
+    fp32 = torch.randn(16, 4)
     weight = Weight(fp32)
-    assert weight.packed is None and weight.plain is fp32 and weight.nbytes == fp32.numel() * 4
+    assert weight.layout == "plain" and weight.packed is None and weight.plain is fp32 and weight.nbytes == fp32.numel() * 4
     x = torch.randn(2, 4)
     assert torch.equal(weight(x), F.linear(x, fp32))
-    if torch.backends.mkldnn.is_available():
+    if torch.backends.mkldnn.is_available() or blocked_kernel(fp32.bfloat16()) is not None:
         both = Weight(fp32.bfloat16(), keep_plain=True)
         assert both.packed is not None and both.plain is not None and both.nbytes == 2 * fp32.numel() * 2

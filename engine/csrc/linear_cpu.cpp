@@ -1,0 +1,107 @@
+// The bfloat16 projection y = x W^T (+ bias) on a CPU with AVX512-BF16, over weights blocked
+// once at load (engine/linear.py): [N/16][K/2][16][2], i.e. for each 16 output columns, the
+// pairs of input elements one vdpbf16ps multiplies. Each block is one sequential stream, so a
+// decode step's few rows read the weights at the memory's speed (oneDNN's packed layout read
+// at 16-22 GB/s here at one row, where a copy moves 44), and at prefill's hundreds of rows a
+// 12-row x 32-column register tile keeps the multipliers busy (on par with oneDNN's).
+// Accumulates in float32, rounds once to bfloat16 (to nearest even), as oneDNN does.
+#include <torch/extension.h>
+
+#include <cstdint>
+
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+
+namespace {
+
+constexpr int kBlock = 16;     // output columns a vector holds
+constexpr int kTileRows = 12;  // rows of x a tile multiplies at once: 12 x 2 accumulators of 32
+
+inline __m512 widen(const uint16_t* bf16) {  // 16 bfloat16 to float32
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)bf16)), 16));
+}
+
+// rows R of x (x_pairs: K/2 pairs a row) times NB blocks from `first_block`, into out's columns.
+template <int R, int NB>
+void tile(const uint32_t* x_pairs, int64_t pairs, const uint32_t* w, int64_t first_block, const uint16_t* bias,
+          uint16_t* out, int64_t out_stride) {
+  __m512 acc[R][NB];
+  for (int j = 0; j < NB; ++j) {
+    const __m512 start = bias ? widen(bias + (first_block + j) * kBlock) : _mm512_setzero_ps();
+    for (int r = 0; r < R; ++r) acc[r][j] = start;
+  }
+  const uint32_t* block[NB];
+  for (int j = 0; j < NB; ++j) block[j] = w + (first_block + j) * pairs * kBlock;
+  for (int64_t k = 0; k < pairs; ++k) {
+    __m512i wv[NB];
+    for (int j = 0; j < NB; ++j) wv[j] = _mm512_loadu_si512(block[j] + k * kBlock);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(x_pairs[r * pairs + k]);
+      for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], (__m512bh)wv[j], xv);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < NB; ++j)
+      _mm256_storeu_si256((__m256i*)(out + r * out_stride + (first_block + j) * kBlock), (__m256i)_mm512_cvtneps_pbh(acc[r][j]));
+}
+
+template <int NB>
+void tile_of(int64_t rows, const uint32_t* x_pairs, int64_t pairs, const uint32_t* w, int64_t first_block,
+             const uint16_t* bias, uint16_t* out, int64_t out_stride) {
+  switch (rows) {
+#define K25_TILE(R) \
+  case R: return tile<R, NB>(x_pairs, pairs, w, first_block, bias, out, out_stride);
+    K25_TILE(1) K25_TILE(2) K25_TILE(3) K25_TILE(4) K25_TILE(5) K25_TILE(6)
+    K25_TILE(7) K25_TILE(8) K25_TILE(9) K25_TILE(10) K25_TILE(11) K25_TILE(12)
+#undef K25_TILE
+  }
+}
+
+}  // namespace
+#endif
+
+bool has_bf16_linear() {
+#if defined(__AVX512BF16__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor blocked, c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(has_bf16_linear(), "linear_bf16: this build has no AVX512-BF16");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "linear_bf16: x must be [rows, K] bfloat16");
+  TORCH_CHECK(blocked.dim() == 4 && blocked.scalar_type() == at::kBFloat16 && blocked.is_contiguous() && blocked.size(2) == 16 &&
+                  blocked.size(3) == 2,
+              "linear_bf16: the weight must be blocked [N/16, K/2, 16, 2] bfloat16 (engine/linear.py)");
+  const int64_t rows = x.size(0), blocks = blocked.size(0), pairs = blocked.size(1), n = blocks * 16;
+  TORCH_CHECK(x.size(1) == 2 * pairs, "linear_bf16: x has ", x.size(1), " columns, the weight takes ", 2 * pairs);
+  if (bias) {
+    TORCH_CHECK(bias->scalar_type() == at::kBFloat16 && bias->numel() == n && bias->is_contiguous(),
+                "linear_bf16: bias must be ", n, " contiguous bfloat16");
+  }
+  x = x.contiguous();
+  auto out = torch::empty({rows, n}, x.options());
+#if defined(__AVX512BF16__)
+  const auto* x_pairs = reinterpret_cast<const uint32_t*>(x.data_ptr());
+  const auto* w = reinterpret_cast<const uint32_t*>(blocked.data_ptr());
+  const auto* b = bias ? reinterpret_cast<const uint16_t*>(bias->data_ptr()) : nullptr;
+  auto* o = reinterpret_cast<uint16_t*>(out.data_ptr());
+  const int64_t block_pairs = (blocks + 1) / 2, row_tiles = (rows + kTileRows - 1) / kTileRows;
+  // split by column blocks: each thread streams its own part of the weights, once per row tile
+#pragma omp parallel for schedule(static) num_threads(at::get_num_threads()) if (block_pairs * pairs * rows > 4096)
+  for (int64_t p = 0; p < block_pairs; ++p) {
+    for (int64_t t = 0; t < row_tiles; ++t) {
+      const int64_t first_row = t * kTileRows, tile_rows = std::min<int64_t>(kTileRows, rows - first_row);
+      const uint32_t* tile_x = x_pairs + first_row * pairs;
+      uint16_t* tile_out = o + first_row * n;
+      if (2 * p + 1 < blocks) {
+        tile_of<2>(tile_rows, tile_x, pairs, w, 2 * p, b, tile_out, n);
+      } else {
+        tile_of<1>(tile_rows, tile_x, pairs, w, 2 * p, b, tile_out, n);
+      }
+    }
+  }
+#endif
+  return out;
+}
