@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <type_traits>
 #include <vector>
 
@@ -25,10 +26,12 @@ namespace {
 using k25::exp_nonpositive;
 using k25::to_float;
 
-// s[0..n) <- exp(s - max s), in place; returns their sum (a softmax before its division)
-inline float exp_shifted(float* s, int64_t n) {
+// s[0..n) <- exp(s - max s), in place; returns their sum (a softmax before its division) and
+// sets `max` to max s when given
+inline float exp_shifted(float* s, int64_t n, float* max = nullptr) {
   float m = s[0];
   for (int64_t pos = 1; pos < n; ++pos) m = std::max(m, s[pos]);
+  if (max) *max = m;
   float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t pos = 0; pos < n; ++pos) {
@@ -305,11 +308,23 @@ constexpr TileKernel tile_kernels[] = {attend_tile<2>, attend_tile<4>, attend_ti
 #endif
 
 // One task: `rows` consecutive query rows of one sequence in one KV head (a tile of a prefill
-// slice, or a single row).
+// slice, or a single row), or part `part` of a single row's positions (split below).
 struct Task {
   int64_t seq, first_row, rows, head;
   int64_t packed;  // its sequence's PackedContext (times kv_heads, plus head), or -1: row by row
   int64_t cost;  // query rows times positions seen, to start the dearest first
+  int64_t part = 0, parts = 1, split = -1;  // split: its row's index among the split rows
+};
+
+// A step with fewer row tasks than 2 per thread (a decode at batch 1: one per KV head) leaves
+// threads idle; each row's positions are then cut into parts, one task each, whose partial
+// softmaxes are merged after (flash-decoding's split-K), into no part shorter than this.
+constexpr int64_t kMinPartPositions = 128;
+
+// One part's share of a row: for each query head of the group, the max score, the sum of
+// exp(score - max) and the sum of exp(score - max) * v.
+struct Partial {
+  std::vector<float> max, sum, acc;
 };
 
 // Every query row of the batch: row i of sequence s (n_s rows this step, L_s tokens in context
@@ -347,6 +362,29 @@ void attend(T* out, const T* q, const T* k_cache, const T* v_cache, const int32_
     for (int64_t r = 0; r < n; ++r)
       for (int64_t h = 0; h < kv_heads; ++h) tasks.push_back({s, query_start[s] + r, 1, h, -1, std::max<int64_t>(before + r + 1, 0)});
   }
+  const int64_t threads = at::get_num_threads();
+  int64_t split_rows = 0;
+  if (packed_seqs.empty() && static_cast<int64_t>(tasks.size()) < 2 * threads) {
+    // the fewest parts that give every thread the same count: threads / gcd(tasks, threads)
+    const int64_t parts = threads / std::gcd(static_cast<int64_t>(tasks.size()), threads);
+    std::vector<Task> cut;
+    for (const Task& task : tasks) {
+      const int64_t row_parts = std::min(parts, task.cost / kMinPartPositions);
+      if (row_parts < 2) {
+        cut.push_back(task);
+        continue;
+      }
+      for (int64_t part = 0; part < row_parts; ++part)
+        cut.push_back({task.seq, task.first_row, 1, task.head, -1, task.cost / row_parts, part, row_parts, split_rows});
+      ++split_rows;
+    }
+    tasks.swap(cut);
+  }
+  std::vector<Task> split_first;  // each split row's first part, to merge its partials by
+  for (const Task& task : tasks)
+    if (task.parts > 1 && task.part == 0) split_first.push_back(task);
+  std::vector<std::vector<Partial>> partials(split_rows);
+  for (const Task& task : split_first) partials[task.split].resize(task.parts);
   std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.cost > b.cost; });
   auto context = [&](int64_t s, int64_t h, std::vector<int64_t>& offsets) {
     row_offsets(offsets, block_tables + s * max_blocks, seq_lens[s], block_size, dim);
@@ -399,6 +437,20 @@ void attend(T* out, const T* q, const T* k_cache, const T* v_cache, const int32_
         row_offsets(offsets, block_tables + s * max_blocks, seq_lens[s], block_size, dim);
         offsets_for = s;
       }
+      if (task.parts > 1) {
+        const int64_t from = length * task.part / task.parts, count = length * (task.part + 1) / task.parts - from;
+        const PagedRows<T> keys{k_cache + h * slots * dim, offsets.data() + from};
+        const PagedRows<T> values{v_cache + h * slots * dim, offsets.data() + from};
+        Partial& partial = partials[task.split][task.part];
+        partial.max.resize(group);
+        partial.sum.resize(group);
+        partial.acc.resize(group * dim);
+        scores.resize(group * count);
+        score<T>(scores.data(), q + (t * heads + h * group) * dim, keys, group, count, dim, scale);
+        for (int64_t g = 0; g < group; ++g) partial.sum[g] = exp_shifted(scores.data() + g * count, count, &partial.max[g]);
+        weigh<T>(partial.acc.data(), scores.data(), values, group, count, dim);
+        continue;
+      }
       const PagedRows<T> keys{k_cache + h * slots * dim, offsets.data()};
       const PagedRows<T> values{v_cache + h * slots * dim, offsets.data()};
       scores.resize(group * length);
@@ -410,6 +462,25 @@ void attend(T* out, const T* q, const T* k_cache, const T* v_cache, const int32_
       }
       weigh<T>(acc.data(), scores.data(), values, group, length, dim);
       for (int64_t i = 0; i < group * dim; ++i) out_rows[i] = static_cast<T>(acc[i]);
+    }
+    // each split row: its parts' sums rescaled to the largest max, then divided
+#pragma omp for schedule(static)
+    for (int64_t split = 0; split < split_rows; ++split) {
+      const Task& task = split_first[split];
+      const std::vector<Partial>& parts = partials[split];
+      T* out_rows = out + (task.first_row * heads + task.head * group) * dim;
+      for (int64_t g = 0; g < group; ++g) {
+        float top = parts[0].max[g];
+        for (const Partial& part : parts) top = std::max(top, part.max[g]);
+        std::fill(acc.begin(), acc.begin() + dim, 0.f);
+        float total = 0.f;
+        for (const Partial& part : parts) {
+          const float weight = exp_nonpositive(part.max[g] - top);
+          total += weight * part.sum[g];
+          for (int64_t d = 0; d < dim; ++d) acc[d] += weight * part.acc[g * dim + d];
+        }
+        for (int64_t d = 0; d < dim; ++d) out_rows[g * dim + d] = static_cast<T>(acc[d] / total);
+      }
     }
   }
 }

@@ -36,13 +36,14 @@ def run(kernel, args):
     return kernel(q, k_cache.transpose(0, 1).contiguous(), v_cache.transpose(0, 1).contiguous(), *tables_and_sizes)
 
 
-def assert_matches_reference(actual, args):
+def assert_matches_reference(actual, args, tile_n=None):
+    """`tile_n`: the fewest keys in a part where rows may be split into parts (merged by rescales)."""
     expected = paged_attention_reference(*args)
     assert actual.dtype == expected.dtype and actual.shape == expected.shape
     assert not actual.isnan().any(), "NaN in the output: a read outside some sequence's context"
     # each within its bound of the exact result; bf16 prefill tiles round p to bf16 before p.v
     rounds_p_to = torch.bfloat16 if actual.dtype == torch.bfloat16 else None
-    bound = error_bound(args, rounds_p_to=rounds_p_to) + error_bound(args)
+    bound = error_bound(args, rounds_p_to=rounds_p_to) + error_bound(args, tile_n=tile_n)
     excess = (actual.double() - expected.double()).abs() - bound
     assert excess.max() <= 0, f"off by more than the rounding bound: worst excess {excess.max():.3g}"
 
@@ -106,6 +107,26 @@ def test_bf16_prefill_tiles_match_the_reference_at_every_head_size(kernel, head_
     of a tile, and a decode beside them."""
     args = paged_batch([(37, 37), (61, 301), (1, 50)], group, head_dim, 16, torch.bfloat16, seed=head_dim + group)
     assert_matches_reference(run(kernel, args), args)
+
+
+MIN_PART_POSITIONS = 128  # kMinPartPositions in engine/csrc/paged_attention_cpu.cpp
+
+
+@pytest.mark.parametrize("threads", [2, 3, 4])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("group", [1, 3])
+def test_a_lone_decode_split_across_threads_matches_the_reference(kernel, group, dtype, threads):
+    """One decode is one task per KV head (2 here): with 3 or 4 threads its positions are cut
+    into parts of at least 128, merged after; contexts shorter than two parts, a part boundary
+    mid-block and a few thousand positions."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for length in [200, 255, 256, 1000, 2049]:
+            args = paged_batch(decodes([length]), group, 64, 16, dtype, seed=length + group)
+            assert_matches_reference(run(kernel, args), args, tile_n=MIN_PART_POSITIONS)
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_an_empty_batch_gives_an_empty_output(kernel):
