@@ -50,6 +50,19 @@ struct PagedRows {
   const T* row(int64_t pos) const { return head + offsets[pos]; }
 };
 
+#if defined(__AVX512BF16__)
+// Rows `from` .. `to` (clamped to `length`) asked into L1 ahead of use: a context's rows are
+// contiguous only within a block, so the hardware prefetcher misses at every block boundary
+// and a decode, whose K/V come from memory, would wait a memory latency per block.
+constexpr int64_t kPrefetchRows = 32;
+inline void prefetch_rows(const PagedRows<c10::BFloat16>& rows, int64_t from, int64_t to, int64_t length, int64_t dim) {
+  for (int64_t pos = from; pos < std::min(to, length); ++pos) {
+    const char* row = reinterpret_cast<const char*>(rows.row(pos));
+    for (int64_t byte = 0; byte < dim * 2; byte += 64) _mm_prefetch(row + byte, _MM_HINT_T0);
+  }
+}
+#endif
+
 inline void row_offsets(std::vector<int64_t>& offsets, const int32_t* table, int64_t length, int64_t block_size, int64_t dim) {
   offsets.resize(length);
   for (int64_t first = 0, i = 0; first < length; first += block_size, ++i) {
@@ -107,7 +120,9 @@ void score<c10::BFloat16>(float* scores, const c10::BFloat16* q, const PagedRows
   const __m512 scaled = _mm512_set1_ps(scale);
   __m512bh query[8 * 8];
   for (int64_t i = 0; i < group * words; ++i) query[i] = (__m512bh)_mm512_loadu_si512(q + i * 32);
+  prefetch_rows(keys, 0, kPrefetchRows, length, dim);
   for (int64_t first = 0; first < length; first += 16) {
+    prefetch_rows(keys, first + kPrefetchRows, first + kPrefetchRows + 16, length, dim);
     const int64_t count = std::min<int64_t>(16, length - first);
     const __mmask16 valid = static_cast<__mmask16>((1u << count) - 1);
     for (int64_t g = 0; g < group; ++g) {  // the chunk's 16 K rows stay in L1 across the group
@@ -159,7 +174,9 @@ void weigh_column(float* acc, const float* probs, const PagedRows<c10::BFloat16>
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
   };
   int64_t pos = 0;
+  if (column == 0) prefetch_rows(values, 0, kPrefetchRows, length, dim);
   for (; pos + 1 < length; pos += 2) {
+    if (column == 0) prefetch_rows(values, pos + kPrefetchRows, pos + kPrefetchRows + 2, length, dim);
     const __m512 first = load(pos), second = load(pos + 1);
     for (int g = 0; g < G; ++g) {
       even[g] = _mm512_fmadd_ps(_mm512_set1_ps(probs[g * length + pos]), first, even[g]);
