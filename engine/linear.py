@@ -2,9 +2,10 @@
 no step pays for reordering them again:
 - where the CPU has AVX512-BF16 (and the CPU kernels built), into engine/csrc/linear_cpu.cpp's
   blocked layout ([N/16, K/2, 16, 2]: 16 output columns by pairs of inputs), which its kernel
-  reads as one stream per 16 columns: at a decode step's 1-4 rows 1.5-2.3x faster than oneDNN's
-  packed weights (SmolLM2's projections, 30 layers: at one row 42 GB/s against 16-20, where a
-  plain copy moves 44), and on par with it at 64-512 rows;
+  reads as one stream per 16 columns: SmolLM2's projections, 30 layers of them, 1.5-1.8x
+  faster than on oneDNN's packed weights at 1-2 rows (at one row 28-32 GB/s against 18-19,
+  where a plain copy moved 34-38), 1.25-1.35x at 4-16, 1.08-1.28x at 64 and 1.01-1.08x at
+  256-512 (two rounds of a throwaway script, 2026-12-06);
 - elsewhere, into oneDNN's blocked layout: 1.1-2.3x faster than F.linear on the same weights
   (batch 1 to 300 rows), with bit-identical results.
 Everywhere else (CUDA, float32, a torch built without oneDNN) it is F.linear on the plain tensor."""

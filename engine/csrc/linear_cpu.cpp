@@ -1,9 +1,10 @@
 // The bfloat16 projection y = x W^T (+ bias) on a CPU with AVX512-BF16, over weights blocked
 // once at load (engine/linear.py): [N/16][K/2][16][2], i.e. for each 16 output columns, the
 // pairs of input elements one vdpbf16ps multiplies. Each block is one sequential stream, so a
-// decode step's few rows read the weights at the memory's speed (oneDNN's packed layout read
-// at 16-22 GB/s here at one row, where a copy moves 44), and at prefill's hundreds of rows a
-// 12-row x 32-column register tile keeps the multipliers busy (on par with oneDNN's).
+// decode step's few rows read the weights near the memory's speed (engine/linear.py has the
+// figures against oneDNN's packed layout), and at prefill's hundreds of rows an 8-row x
+// 48-column register tile keeps the multipliers busy: its 24 accumulators load 3 weight vectors
+// and 8 broadcasts a step (a 12 x 32 tile, 2 and 12, was 4-7% slower at 512 rows).
 // Accumulates in float32, rounds once to bfloat16 (to nearest even), as oneDNN does.
 #include <torch/extension.h>
 
@@ -14,8 +15,9 @@
 
 namespace {
 
-constexpr int kBlock = 16;     // output columns a vector holds
-constexpr int kTileRows = 12;  // rows of x a tile multiplies at once: 12 x 2 accumulators of 32
+constexpr int kBlock = 16;       // output columns a vector holds
+constexpr int kTileRows = 8;     // rows of x a tile multiplies at once
+constexpr int kTileBlocks = 3;   // blocks of 16 columns a tile multiplies at once
 
 inline __m512 widen(const uint16_t* bf16) {  // 16 bfloat16 to float32
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)bf16)), 16));
@@ -51,8 +53,7 @@ void tile_of(int64_t rows, const uint32_t* x_pairs, int64_t pairs, const uint32_
   switch (rows) {
 #define K25_TILE(R) \
   case R: return tile<R, NB>(x_pairs, pairs, w, first_block, bias, out, out_stride);
-    K25_TILE(1) K25_TILE(2) K25_TILE(3) K25_TILE(4) K25_TILE(5) K25_TILE(6)
-    K25_TILE(7) K25_TILE(8) K25_TILE(9) K25_TILE(10) K25_TILE(11) K25_TILE(12)
+    K25_TILE(1) K25_TILE(2) K25_TILE(3) K25_TILE(4) K25_TILE(5) K25_TILE(6) K25_TILE(7) K25_TILE(8)
 #undef K25_TILE
   }
 }
@@ -87,18 +88,21 @@ torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor blocked, c10::optional<
   const auto* w = reinterpret_cast<const uint32_t*>(blocked.data_ptr());
   const auto* b = bias ? reinterpret_cast<const uint16_t*>(bias->data_ptr()) : nullptr;
   auto* o = reinterpret_cast<uint16_t*>(out.data_ptr());
-  const int64_t block_pairs = (blocks + 1) / 2, row_tiles = (rows + kTileRows - 1) / kTileRows;
+  const int64_t block_groups = (blocks + kTileBlocks - 1) / kTileBlocks, row_tiles = (rows + kTileRows - 1) / kTileRows;
   // split by column blocks: each thread streams its own part of the weights, once per row tile
-#pragma omp parallel for schedule(static) num_threads(at::get_num_threads()) if (block_pairs * pairs * rows > 4096)
-  for (int64_t p = 0; p < block_pairs; ++p) {
+#pragma omp parallel for schedule(static) num_threads(at::get_num_threads()) if (block_groups * pairs * rows > 4096)
+  for (int64_t group = 0; group < block_groups; ++group) {
+    const int64_t first_block = group * kTileBlocks, tile_blocks = std::min<int64_t>(kTileBlocks, blocks - first_block);
     for (int64_t t = 0; t < row_tiles; ++t) {
       const int64_t first_row = t * kTileRows, tile_rows = std::min<int64_t>(kTileRows, rows - first_row);
       const uint32_t* tile_x = x_pairs + first_row * pairs;
       uint16_t* tile_out = o + first_row * n;
-      if (2 * p + 1 < blocks) {
-        tile_of<2>(tile_rows, tile_x, pairs, w, 2 * p, b, tile_out, n);
+      if (tile_blocks == 3) {
+        tile_of<3>(tile_rows, tile_x, pairs, w, first_block, b, tile_out, n);
+      } else if (tile_blocks == 2) {
+        tile_of<2>(tile_rows, tile_x, pairs, w, first_block, b, tile_out, n);
       } else {
-        tile_of<1>(tile_rows, tile_x, pairs, w, 2 * p, b, tile_out, n);
+        tile_of<1>(tile_rows, tile_x, pairs, w, first_block, b, tile_out, n);
       }
     }
   }

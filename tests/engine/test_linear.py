@@ -26,10 +26,10 @@ def test_blocked_layout_puts_16_columns_by_pairs_of_inputs():
         assert blocked[block, pair, column, half] == weight[16 * block + column, 2 * pair + half]
 
 
-# 1-12 rows are one register tile; 13 and 200 need several and a partial last one; 48 outputs
-# are three 16-column blocks, so the last pair of blocks is a single one
-@pytest.mark.parametrize("rows", [1, 2, 4, 5, 12, 13, PACKED_FOR_ROWS, 200])
-@pytest.mark.parametrize("out_features", [48, 96])
+# 1-8 rows are one register tile; 9, 13 and 200 need several and a partial last one; a tile
+# spans three 16-column blocks: 48 outputs are one whole tile, 64 and 80 end with 1 and 2 blocks
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 13, PACKED_FOR_ROWS, 200])
+@pytest.mark.parametrize("out_features", [48, 64, 80])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_blocked_bf16_weights_give_the_float64_result_within_bf16_rounding(rows, out_features, with_bias):
     needs_blocked_kernel()
