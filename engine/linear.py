@@ -35,7 +35,7 @@ def to_blocked(weight: torch.Tensor) -> torch.Tensor:
     """[out, in] -> [out/16, in/2, 16, 2]: for each 16 output columns, their weights a pair of
     inputs at a time."""
     out_features, in_features = weight.shape
-    blocks = weight.view(out_features // BLOCK_COLUMNS, BLOCK_COLUMNS, in_features // PAIR, PAIR)
+    blocks = weight.reshape(out_features // BLOCK_COLUMNS, BLOCK_COLUMNS, in_features // PAIR, PAIR)
     return blocks.permute(0, 2, 1, 3).contiguous()
 
 

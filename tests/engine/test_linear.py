@@ -51,6 +51,14 @@ def test_blocked_bf16_weights_give_the_float64_result_within_bf16_rounding(rows,
     assert got.dtype == torch.float64 and bool(((got - exact).abs() <= bound).all())
 
 
+def test_a_weight_that_is_a_view_is_blocked_from_its_values():
+    needs_blocked_kernel()
+    stored = torch.randn(64, 48).bfloat16()
+    transposed = stored.t()  # [48, 64], not contiguous
+    x = torch.randn(3, 64).bfloat16()
+    assert torch.equal(Weight(transposed)(x), Weight(transposed.contiguous())(x))
+
+
 def test_the_blocked_kernel_refuses_mismatched_inputs_with_a_message():
     needs_blocked_kernel()
     weight = Weight(torch.randn(32, 8).bfloat16())
