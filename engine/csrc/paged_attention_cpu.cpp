@@ -380,7 +380,8 @@ void attend(T* out, const T* q, const T* k_cache, const T* v_cache, const int32_
       for (int64_t h = 0; h < kv_heads; ++h) tasks.push_back({s, query_start[s] + r, 1, h, -1, std::max<int64_t>(before + r + 1, 0)});
   }
   const int64_t threads = at::get_num_threads();
-  int64_t split_rows = 0;
+  std::vector<Task> split_first;  // each split row's first part, by the row's index
+  std::vector<std::vector<Partial>> partials;  // each split row's parts' shares
   if (packed_seqs.empty() && static_cast<int64_t>(tasks.size()) < 2 * threads) {
     // the fewest parts that give every thread the same count: threads / gcd(tasks, threads)
     const int64_t parts = threads / std::gcd(static_cast<int64_t>(tasks.size()), threads);
@@ -391,17 +392,15 @@ void attend(T* out, const T* q, const T* k_cache, const T* v_cache, const int32_
         cut.push_back(task);
         continue;
       }
+      const int64_t split = static_cast<int64_t>(split_first.size());
       for (int64_t part = 0; part < row_parts; ++part)
-        cut.push_back({task.seq, task.first_row, 1, task.head, -1, task.cost / row_parts, part, row_parts, split_rows});
-      ++split_rows;
+        cut.push_back({task.seq, task.first_row, 1, task.head, -1, task.cost / row_parts, part, row_parts, split});
+      split_first.push_back(cut[cut.size() - row_parts]);
+      partials.emplace_back(row_parts);
     }
     tasks.swap(cut);
   }
-  std::vector<Task> split_first;  // each split row's first part, to merge its partials by
-  for (const Task& task : tasks)
-    if (task.parts > 1 && task.part == 0) split_first.push_back(task);
-  std::vector<std::vector<Partial>> partials(split_rows);
-  for (const Task& task : split_first) partials[task.split].resize(task.parts);
+  const int64_t split_rows = static_cast<int64_t>(split_first.size());
   std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.cost > b.cost; });
   auto context = [&](int64_t s, int64_t h, std::vector<int64_t>& offsets) {
     row_offsets(offsets, block_tables + s * max_blocks, seq_lens[s], block_size, dim);
