@@ -9,7 +9,8 @@ torch::Tensor rotary_to_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tenso
 torch::Tensor silu_mul(torch::Tensor gate_up);
 torch::Tensor top_k_indices(torch::Tensor values, int64_t k);
 bool has_bf16_linear();
-torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor blocked, c10::optional<torch::Tensor> bias);
+torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor blocked, c10::optional<torch::Tensor> bias, bool amx);
+bool amx_ready();
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention, "varlen paged attention through block tables (prefill slices and decodes)");
@@ -18,5 +19,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &silu_mul, "silu(gate) * up of a stacked gate_up");
   m.def("top_k_indices", &top_k_indices, "indices of each row's k largest values, unordered");
   m.def("has_bf16_linear", &has_bf16_linear, "whether linear_bf16 was built (the CPU has AVX512-BF16)");
-  m.def("linear_bf16", &linear_bf16, "x W^T (+ bias) in bfloat16 over a weight blocked [N/16, K/2, 16, 2]");
+  m.def("linear_bf16", &linear_bf16, "x W^T (+ bias) in bfloat16 over a weight blocked [N/16, K/2, 16, 2]", py::arg("x"),
+        py::arg("blocked"), py::arg("bias") = py::none(), py::arg("amx") = true);
+  m.def("amx_ready", &amx_ready, "whether linear_bf16 can use AMX here (built with it, and Linux grants the tiles)");
 }

@@ -5,10 +5,13 @@
 // figures against oneDNN's packed layout), and at prefill's hundreds of rows an 8-row x
 // 48-column register tile keeps the multipliers busy: its 24 accumulators load 3 weight vectors
 // and 8 broadcasts a step (a 12 x 32 tile, 2 and 12, was 4-7% slower at 512 rows).
-// Accumulates in float32, rounds once to bfloat16 (to nearest even), as oneDNN does.
+// Accumulates in float32, rounds once to bfloat16 (to nearest even), as oneDNN does. Where the
+// CPU has AMX, linear_bf16 hands inputs of whole 32-wide tiles to linear_amx.cpp instead.
 #include <torch/extension.h>
 
 #include <cstdint>
+
+#include "linear_kernels.h"
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -69,7 +72,8 @@ bool has_bf16_linear() {
 #endif
 }
 
-torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor blocked, c10::optional<torch::Tensor> bias) {
+// amx=false keeps the AVX512-BF16 kernel where AMX could run (the tests check both on one machine)
+torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor blocked, c10::optional<torch::Tensor> bias, bool amx) {
   TORCH_CHECK(has_bf16_linear(), "linear_bf16: this build has no AVX512-BF16");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "linear_bf16: x must be [rows, K] bfloat16");
   TORCH_CHECK(blocked.dim() == 4 && blocked.scalar_type() == at::kBFloat16 && blocked.is_contiguous() && blocked.size(2) == 16 &&
@@ -88,6 +92,11 @@ torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor blocked, c10::optional<
   const auto* w = reinterpret_cast<const uint32_t*>(blocked.data_ptr());
   const auto* b = bias ? reinterpret_cast<const uint16_t*>(bias->data_ptr()) : nullptr;
   auto* o = reinterpret_cast<uint16_t*>(out.data_ptr());
+  if (amx && pairs % 16 == 0 && amx_ready()) {
+    linear_amx(reinterpret_cast<const uint16_t*>(x_pairs), rows, 2 * pairs, reinterpret_cast<const uint16_t*>(w), blocks, b, o,
+               at::get_num_threads());
+    return out;
+  }
   const int64_t block_groups = (blocks + kTileBlocks - 1) / kTileBlocks, row_tiles = (rows + kTileRows - 1) / kTileRows;
   // split by column blocks: each thread streams its own part of the weights, once per row tile
 #pragma omp parallel for schedule(static) num_threads(at::get_num_threads()) if (block_groups * pairs * rows > 4096)
