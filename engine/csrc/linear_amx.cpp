@@ -5,15 +5,14 @@
 // never loaded: the tiles of the last row tile are configured shorter.
 // Each thread multiplies 32 columns (2 blocks) by every row, 16 or 32 rows at a time: 4 C tiles
 // of 16 x 16 float32, 2 A and 2 B tiles, the 8 tile registers AMX has.
-#include "linear_kernels.h"
+#include "amx.h"
 
 #include <omp.h>
 
 #include <algorithm>
 #include <cstring>
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
-#include <immintrin.h>
+#if defined(K25_AMX)
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -23,18 +22,9 @@ constexpr int kBlock = 16;     // output columns of a block (a C and a B tile's 
 constexpr int kTilePairs = 16; // pairs of inputs in a B tile (32 inputs: an A tile's width)
 constexpr int kTileRows = 16;  // rows of an A and a C tile
 
-// the tile registers' shapes (the palette-1 layout ldtilecfg reads)
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // tmm0-3: C (row tile r, block j) at 2r + j; tmm4-5: A of row tile r; tmm6-7: B of block j
 void configure(int rows0, int rows1) {
-  TileConfig config;
+  k25::TileConfig config;
   const int rows[2] = {rows0, rows1};
   for (int r = 0; r < 2; ++r) {
     for (int j = 0; j < 2; ++j) {

@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-#include "linear_kernels.h"
+#include "amx.h"
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>

@@ -29,11 +29,17 @@ def kernel():
     return paged_attention_cpu.paged_attention_cpu
 
 
-def run(kernel, args):
+def run(kernel, args, amx=True):
     """The kernel on paged_batch's arguments (its caches are [slots, kv_heads, head_dim]; the
-    engine's are heads first)."""
+    engine's are heads first). amx=False: bf16 prefill tiles on AVX512-BF16 where AMX could run."""
     q, k_cache, v_cache, *tables_and_sizes = args
-    return kernel(q, k_cache.transpose(0, 1).contiguous(), v_cache.transpose(0, 1).contiguous(), *tables_and_sizes)
+    return kernel(q, k_cache.transpose(0, 1).contiguous(), v_cache.transpose(0, 1).contiguous(), *tables_and_sizes, amx=amx)
+
+
+def needs_amx(amx):
+    """Skips the AMX case where the CPU (or the kernels' build) has none: it would rerun the other."""
+    if amx and not cpu_kernels.cpu_kernel().amx_ready():
+        pytest.skip("this CPU (or its kernel build) has no AMX")
 
 
 def assert_matches_reference(actual, args, tile_n=None):
@@ -82,6 +88,8 @@ def test_a_mixed_batch_matches_the_reference(kernel, group, block_size, dtype):
     rows this step."""
     args = paged_batch(MIXED, group, 64, block_size, dtype, seed=group * 100 + block_size)
     assert_matches_reference(run(kernel, args), args)
+    if dtype == torch.bfloat16:  # its prefill slices as tiles on AVX512-BF16 too
+        assert_matches_reference(run(kernel, args, amx=False), args)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -97,16 +105,21 @@ def test_long_contexts_match_the_reference(kernel, dtype):
     """A couple of thousand tokens: decodes, a late chunk and a whole prompt in one batch."""
     args = paged_batch([(1, 3000), (1, 2049), (200, 1800), (512, 512)], 3, 64, 16, dtype, seed=3)
     assert_matches_reference(run(kernel, args), args)
+    if dtype == torch.bfloat16:
+        assert_matches_reference(run(kernel, args, amx=False), args)
 
 
+@pytest.mark.parametrize("amx", [True, False])
 @pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
-@pytest.mark.parametrize("group", [1, 16])
-def test_bf16_prefill_tiles_match_the_reference_at_every_head_size(kernel, head_dim, group):
-    """The tiled bf16 path (head sizes that are multiples of 32, up to 256) with a tile's last
-    query vectors short of a full block of them, a slice that starts mid-block and one row short
-    of a tile, and a decode beside them."""
+@pytest.mark.parametrize("group", [1, 3, 16])
+def test_bf16_prefill_tiles_match_the_reference_at_every_head_size(kernel, head_dim, group, amx):
+    """The tiled bf16 path (head sizes that are multiples of 32, up to 256), on AMX (16-vector
+    tiles, 1 to 4 tiles of output dims at once) and on AVX512-BF16, with a tile's last query
+    vectors short of a full block of them, a slice that starts mid-block and one row short of a
+    tile, and a decode beside them."""
+    needs_amx(amx)
     args = paged_batch([(37, 37), (61, 301), (1, 50)], group, head_dim, 16, torch.bfloat16, seed=head_dim + group)
-    assert_matches_reference(run(kernel, args), args)
+    assert_matches_reference(run(kernel, args, amx=amx), args)
 
 
 MIN_PART_POSITIONS = 128  # kMinPartPositions in engine/csrc/paged_attention_cpu.cpp
