@@ -10,8 +10,9 @@ no step pays for reordering them again:
   multiplies the same blocks as AMX tiles, at every row count (so a row's result does not depend
   on how many others share its step): on a Xeon with AMX, SmolLM2's 120 projections took
   12.6-12.7 ms at one row (as fast as the AVX512 kernel; oneDNN packed 25.0), 13.1 ms at 16
-  rows (AVX512 29.5), 30-43 ms at 64 (AVX512 99.8, oneDNN 40.7) and 204-226 ms at 512 (AVX512
-  712, oneDNN 324): one round each of a throwaway script, 2026-12-06;
+  rows (AVX512 29.5, oneDNN 25.1), 30-43 ms at 64 (AVX512 99.8, oneDNN 40.7), 78.6 at 128
+  (oneDNN 56.6) and 204-226 ms at 512 (AVX512 712, oneDNN 324): one round each of a throwaway
+  script, 2026-12-06;
 - elsewhere, into oneDNN's blocked layout: 1.1-2.3x faster than F.linear on the same weights
   (batch 1 to 300 rows), with bit-identical results.
 Everywhere else (CUDA, float32, a torch built without oneDNN) it is F.linear on the plain tensor."""
