@@ -7,10 +7,7 @@
 // of 16 x 16 float32, 2 A and 2 B tiles, the 8 tile registers AMX has.
 #include "amx.h"
 
-#include <omp.h>
-
 #include <algorithm>
-#include <cstring>
 
 #if defined(K25_AMX)
 #include <sys/syscall.h>
