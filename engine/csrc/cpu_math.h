@@ -1,5 +1,5 @@
-// Scalar helpers the CPU kernels share: widening a cache or weight element to float, and a
-// vectorisable exp.
+// Helpers the CPU kernels share: widening a cache or weight element (or, with AVX512, 16 bf16
+// ones) to float, and a vectorisable exp.
 #pragma once
 
 #include <torch/extension.h>
@@ -8,7 +8,18 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace k25 {
+
+#if defined(__AVX512F__)
+// 16 bfloat16 (the upper halves of float32) to float32
+inline __m512 widen16(const void* bf16) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(static_cast<const __m256i*>(bf16))), 16));
+}
+#endif
 
 inline float to_float(float x) { return x; }
 inline float to_float(c10::BFloat16 x) {

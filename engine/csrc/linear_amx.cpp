@@ -6,6 +6,7 @@
 // Each thread multiplies 32 columns (2 blocks) by every row, 16 or 32 rows at a time: 4 C tiles
 // of 16 x 16 float32, 2 A and 2 B tiles, the 8 tile registers AMX has.
 #include "amx.h"
+#include "cpu_math.h"
 
 #include <algorithm>
 
@@ -40,8 +41,7 @@ void configure(int rows0, int rows1) {
 
 // C tile `tile` (16 x 16 float32, `rows` of them valid) + bias, rounded to bfloat16 into out
 void store_rounded(const float* c, int rows, const uint16_t* bias, uint16_t* out, int64_t out_stride) {
-  __m512 b = _mm512_setzero_ps();
-  if (bias) b = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)bias)), 16));
+  const __m512 b = bias ? k25::widen16(bias) : _mm512_setzero_ps();
   for (int r = 0; r < rows; ++r)
     _mm256_storeu_si256((__m256i*)(out + r * out_stride), (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(c + r * kBlock), b)));
 }

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "amx.h"
+#include "cpu_math.h"
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -22,9 +23,6 @@ constexpr int kBlock = 16;       // output columns a vector holds
 constexpr int kTileRows = 8;     // rows of x a tile multiplies at once
 constexpr int kTileBlocks = 3;   // blocks of 16 columns a tile multiplies at once
 
-inline __m512 widen(const uint16_t* bf16) {  // 16 bfloat16 to float32
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)bf16)), 16));
-}
 
 // rows R of x (x_pairs: K/2 pairs a row) times NB blocks from `first_block`, into out's columns.
 template <int R, int NB>
@@ -32,7 +30,7 @@ void tile(const uint32_t* x_pairs, int64_t pairs, const uint32_t* w, int64_t fir
           uint16_t* out, int64_t out_stride) {
   __m512 acc[R][NB];
   for (int j = 0; j < NB; ++j) {
-    const __m512 start = bias ? widen(bias + (first_block + j) * kBlock) : _mm512_setzero_ps();
+    const __m512 start = bias ? k25::widen16(bias + (first_block + j) * kBlock) : _mm512_setzero_ps();
     for (int r = 0; r < R; ++r) acc[r][j] = start;
   }
   const uint32_t* block[NB];

@@ -173,10 +173,7 @@ void weigh_column(float* acc, const float* probs, const PagedRows<c10::BFloat16>
                   int64_t column) {
   __m512 even[G], odd[G];
   for (int g = 0; g < G; ++g) even[g] = odd[g] = _mm512_setzero_ps();
-  auto load = [&](int64_t pos) {
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values.row(pos) + column));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-  };
+  auto load = [&](int64_t pos) { return k25::widen16(values.row(pos) + column); };
   int64_t pos = 0;
   if (column == 0) prefetch_rows(values, 0, kPrefetchRows, length, dim);
   for (; pos + 1 < length; pos += 2) {
@@ -348,9 +345,10 @@ void attend_tile_amx(c10::BFloat16* out, const c10::BFloat16* q, const PackedCon
                      int64_t dim) {
   const int64_t vectors = rows * group, padded = (vectors + 15) / 16 * 16, longest = base + rows - 1;
   const int64_t stride = (longest + 15) / 16 * 16, prob_stride = (longest + 31) / 32 * 32;
-  scratch.queries.assign(padded * dim, 0);
-  for (int64_t j = 0; j < vectors; ++j)
-    std::memcpy(scratch.queries.data() + j * dim, q + ((first_row + j / group) * heads + head * group + j % group) * dim, dim * 2);
+  auto vector_offset = [&](int64_t j) { return ((first_row + j / group) * heads + head * group + j % group) * dim; };
+  scratch.queries.resize(padded * dim);
+  for (int64_t j = 0; j < vectors; ++j) std::memcpy(scratch.queries.data() + j * dim, q + vector_offset(j), dim * 2);
+  std::fill(scratch.queries.begin() + vectors * dim, scratch.queries.end(), 0);  // the last A tile's padding rows
   scratch.scores.resize(padded * stride);
   scratch.probs.resize(padded * prob_stride);
   scratch.acc.resize(padded * dim);
@@ -358,7 +356,7 @@ void attend_tile_amx(c10::BFloat16* out, const c10::BFloat16* q, const PackedCon
   tile_probabilities(scratch, vectors, stride, prob_stride, base, group);
   attention_weigh_amx(scratch.acc.data(), scratch.probs.data(), prob_stride, vectors, packed.values.data(), prob_stride / 32, dim);
   for (int64_t j = 0; j < vectors; ++j) {
-    c10::BFloat16* o = out + ((first_row + j / group) * heads + head * group + j % group) * dim;
+    c10::BFloat16* o = out + vector_offset(j);
     const float* a = scratch.acc.data() + j * dim;
     for (int64_t d = 0; d < dim; d += 16)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + d), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(a + d)));
