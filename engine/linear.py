@@ -13,8 +13,9 @@ no step pays for reordering them again:
   rows (AVX512 29.5, oneDNN 25.1), 30-43 ms at 64 (AVX512 99.8, oneDNN 40.7), 78.6 at 128
   (oneDNN 56.6) and 204-226 ms at 512 (AVX512 712, oneDNN 324): one round each of a throwaway
   script, 2026-12-06;
-- elsewhere, into oneDNN's blocked layout: 1.1-2.3x faster than F.linear on the same weights
-  (batch 1 to 300 rows), with bit-identical results.
+- elsewhere, where oneDNN can pack bf16 (AVX512-BW/VL/DQ or AVX-NE-CONVERT), into oneDNN's
+  blocked layout: 1.1-2.3x faster than F.linear on the same weights (batch 1 to 300 rows), with
+  bit-identical results.
 Everywhere else (CUDA, float32, a torch built without oneDNN) it is F.linear on the plain tensor."""
 
 import torch
@@ -38,6 +39,13 @@ def blocked_kernel(weight: torch.Tensor):
     return kernel.linear_bf16 if kernel is not None and kernel.has_bf16_linear() else None
 
 
+def onednn_packs_bf16() -> bool:
+    """Whether this torch's oneDNN can pack bf16 weights here: it refuses on a CPU without
+    AVX512-BW/VL/DQ or AVX-NE-CONVERT (an AVX2-only CPU), where F.linear on the plain tensor
+    is the fallback."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 def to_blocked(weight: torch.Tensor) -> torch.Tensor:
     """[out, in] -> [out/16, in/2, 16, 2]: for each 16 output columns, their weights a pair of
     inputs at a time."""
@@ -56,7 +64,7 @@ class Weight:
         self._kernel = blocked_kernel(weight)
         if self._kernel is not None:
             self.packed = to_blocked(weight)
-        elif weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available():
+        elif weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and onednn_packs_bf16():
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_FOR_ROWS)
         if self.packed is not None and not keep_plain:
             self.plain = None  # the reordered copy replaces it

@@ -9,9 +9,10 @@ import torch
 from engine.quant.kernel_choice import dequantize_first
 from engine.quant.quantize import INT4_MID, quantize_int4_groups
 
-# the packed layout, as torch 2.13 writes it: tiles of 64 output rows, each [in, 32] bytes whose
-# low nibble holds row r and high nibble row r + 32 of the tile (checked at first use)
-TILE_ROWS = 64
+# the packed layout, as torch 2.13 writes it: tiles of TILE rows (64 on a CPU with AVX512, 32
+# with AVX2 only), each [in, TILE / 2] bytes whose low nibble holds row r and high nibble row
+# r + TILE / 2 of the tile; which height this torch uses is found at first use
+TILE_CANDIDATES = (64, 32)
 
 
 def pack_int4(codes: torch.Tensor) -> torch.Tensor:
@@ -19,18 +20,22 @@ def pack_int4(codes: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
 
 
-def unpack_int4(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
-    """The kernel's packed layout -> codes [N, K] (uint8); needs N % TILE_ROWS == 0."""
-    tiles = packed.view(n // TILE_ROWS, k, TILE_ROWS // 2)
-    both = torch.cat([tiles & 15, tiles >> 4], dim=-1)  # [tiles, K, 64]
+def unpack_int4(packed: torch.Tensor, n: int, k: int, tile: int | None = None) -> torch.Tensor:
+    """The kernel's packed layout -> codes [N, K] (uint8); needs N % tile == 0 (by default
+    this torch's tile_rows())."""
+    tile = tile or tile_rows()
+    tiles = packed.view(n // tile, k, tile // 2)
+    both = torch.cat([tiles & 15, tiles >> 4], dim=-1)  # [tiles, K, tile]
     return both.transpose(1, 2).reshape(n, k)
 
 
 @functools.cache
-def layout_known() -> bool:
-    """Whether unpack_int4 reads this torch's packed layout back (else the kernel is always used)."""
-    codes = torch.randint(0, 16, (2 * TILE_ROWS, 64), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
-    return torch.equal(unpack_int4(pack_int4(codes), *codes.shape), codes)
+def tile_rows() -> int | None:
+    """The packed layout's tile height on this CPU, the one that unpack_int4 reads back; None
+    when none does (then the kernel is always used)."""
+    codes = torch.randint(0, 16, (2 * max(TILE_CANDIDATES), 64), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    packed = pack_int4(codes)
+    return next((tile for tile in TILE_CANDIDATES if torch.equal(unpack_int4(packed, *codes.shape, tile), codes)), None)
 
 
 class Int4Weight:
@@ -47,22 +52,23 @@ class Int4Weight:
         self.nbytes = self.packed.nbytes + self.scale_and_zero.nbytes
         self.read_bytes = self.nbytes  # what one call reads
         # rows the kernel loses to (kernel_choice) are run on a dequantised copy when the layout is known
-        self.can_dequantize = self.shape[0] % TILE_ROWS == 0 and layout_known()
+        self.can_dequantize = tile_rows() is not None and self.shape[0] % tile_rows() == 0
 
     def codes(self) -> torch.Tensor:
         return unpack_int4(self.packed, *self.shape)
 
     def dequantized_tiles(self, dtype: torch.dtype) -> torch.Tensor:
-        """The weight transposed, tile by tile, [N / 64, K, 64] in `dtype`: in the packed layout's
-        own order, so that no transposing copy is made (x @ this gives the output tile by tile)."""
-        (n, k), g = self.shape, self.group
-        tiles = n // TILE_ROWS
-        nibbles = self.packed.view(tiles, k, TILE_ROWS // 2)
-        codes = torch.stack([nibbles & 15, nibbles >> 4], dim=2).view(tiles, k // g, g, TILE_ROWS)
-        # scale and zero [K/g, N] -> [tiles, K/g, 1, 64]; a code q means (q - 8) * scale + zero
-        scale, zero = (t.reshape(k // g, tiles, 1, TILE_ROWS).transpose(0, 1) for t in self.scale_and_zero.unbind(-1))
+        """The weight transposed, tile by tile, [N / T, K, T] (T: tile_rows()) in `dtype`: in the
+        packed layout's own order, so that no transposing copy is made (x @ this gives the output
+        tile by tile)."""
+        (n, k), g, tile = self.shape, self.group, tile_rows()
+        tiles = n // tile
+        nibbles = self.packed.view(tiles, k, tile // 2)
+        codes = torch.stack([nibbles & 15, nibbles >> 4], dim=2).view(tiles, k // g, g, tile)
+        # scale and zero [K/g, N] -> [tiles, K/g, 1, T]; a code q means (q - 8) * scale + zero
+        scale, zero = (t.reshape(k // g, tiles, 1, tile).transpose(0, 1) for t in self.scale_and_zero.unbind(-1))
         offset = (zero.float() - INT4_MID * scale.float()).to(dtype).contiguous()
-        return torch.addcmul(offset, codes.to(dtype), scale.to(dtype).contiguous()).view(tiles, k, TILE_ROWS)
+        return torch.addcmul(offset, codes.to(dtype), scale.to(dtype).contiguous()).view(tiles, k, tile)
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         """[N, K] in `dtype` (for checks; the projection uses dequantized_tiles)."""

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.quant.int4_weight import Int4Weight, layout_known, pack_int4, unpack_int4
+from engine.quant.int4_weight import Int4Weight, pack_int4, tile_rows, unpack_int4
 from engine.quant.int8_embedding import Int8Embedding
 from engine.quant.int8_weight import Int8Weight
 from engine.quant.kernel_choice import DEQUANTIZE_FROM
@@ -94,7 +94,7 @@ def test_the_refit_finds_a_4bit_checkpoints_grid_that_bf16_scales_miss():
 
 
 def test_the_packed_int4_layout_reads_back():
-    assert layout_known()
+    assert tile_rows() in (32, 64)  # 64-row tiles with AVX512, 32 with AVX2 only
     codes = quantize_int4_groups(weights(3), 32)[0]
     assert torch.equal(unpack_int4(pack_int4(codes), OUT, IN), codes)
 
