@@ -20,7 +20,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rotary_to_cache", &rotary_to_cache, "rotary on q and k, k and v written to the caches; returns q");
   m.def("silu_mul", &silu_mul, "silu(gate) * up of a stacked gate_up");
   m.def("top_k_indices", &top_k_indices, "indices of each row's k largest values, unordered");
-  m.def("has_bf16_linear", &has_bf16_linear, "whether linear_bf16 was built (the CPU has AVX512-BF16)");
+  m.def("has_bf16_linear", &has_bf16_linear, "whether linear_bf16 was built (the CPU has AVX512-BF16 or AVX2)");
   m.def("linear_bf16", &linear_bf16, "x W^T (+ bias) in bfloat16 over a weight blocked [N/16, K/2, 16, 2]", py::arg("x"),
         py::arg("blocked"), py::arg("bias") = py::none(), py::arg("amx") = true);
   m.def("amx_ready", &amx_ready, "whether linear_bf16 can use AMX here (built with it, and Linux grants the tiles)");

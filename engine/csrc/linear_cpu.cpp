@@ -6,13 +6,19 @@
 // 48-column register tile keeps the multipliers busy: its 24 accumulators load 3 weight vectors
 // and 8 broadcasts a step (a 12 x 32 tile, 2 and 12, was 4-7% slower at 512 rows).
 // Accumulates in float32, rounds once to bfloat16 (to nearest even), as oneDNN does. Where the
-// CPU has AMX, linear_bf16 hands inputs of whole 32-wide tiles to linear_amx.cpp instead.
+// CPU has AMX, linear_bf16 hands inputs of whole 32-wide tiles to linear_amx.cpp instead; where
+// it has AVX2 but no AVX512-BF16, every input goes to linear_avx2.cpp.
 #include <torch/extension.h>
 
 #include <cstdint>
 
 #include "amx.h"
 #include "cpu_math.h"
+
+// linear_avx2.cpp
+bool has_avx2_linear();
+void linear_avx2(const uint16_t* x, int64_t rows, int64_t k, const uint32_t* w, int64_t blocks, const uint16_t* bias, uint16_t* out,
+                 int threads);
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -66,13 +72,13 @@ bool has_bf16_linear() {
 #if defined(__AVX512BF16__)
   return true;
 #else
-  return false;
+  return has_avx2_linear();
 #endif
 }
 
 // amx=false keeps the AVX512-BF16 kernel where AMX could run (the tests check both on one machine)
 torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor blocked, c10::optional<torch::Tensor> bias, bool amx) {
-  TORCH_CHECK(has_bf16_linear(), "linear_bf16: this build has no AVX512-BF16");
+  TORCH_CHECK(has_bf16_linear(), "linear_bf16: this build has neither AVX512-BF16 nor AVX2");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "linear_bf16: x must be [rows, K] bfloat16");
   TORCH_CHECK(blocked.dim() == 4 && blocked.scalar_type() == at::kBFloat16 && blocked.is_contiguous() && blocked.size(2) == 16 &&
                   blocked.size(3) == 2,
@@ -113,6 +119,10 @@ torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor blocked, c10::optional<
       }
     }
   }
+#else
+  linear_avx2(reinterpret_cast<const uint16_t*>(x.data_ptr()), rows, 2 * pairs, reinterpret_cast<const uint32_t*>(blocked.data_ptr()),
+              blocks, bias ? reinterpret_cast<const uint16_t*>(bias->data_ptr()) : nullptr, reinterpret_cast<uint16_t*>(out.data_ptr()),
+              at::get_num_threads());
 #endif
   return out;
 }
