@@ -17,8 +17,7 @@
 
 // linear_avx2.cpp
 bool has_avx2_linear();
-void linear_avx2(const uint16_t* x, int64_t rows, int64_t k, const uint32_t* w, int64_t blocks, const uint16_t* bias, uint16_t* out,
-                 int threads);
+torch::Tensor linear_avx2(const torch::Tensor& x, const torch::Tensor& blocked, const c10::optional<torch::Tensor>& bias);
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -90,8 +89,8 @@ torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor blocked, c10::optional<
                 "linear_bf16: bias must be ", n, " contiguous bfloat16");
   }
   x = x.contiguous();
-  auto out = torch::empty({rows, n}, x.options());
 #if defined(__AVX512BF16__)
+  auto out = torch::empty({rows, n}, x.options());
   const auto* x_pairs = reinterpret_cast<const uint32_t*>(x.data_ptr());
   const auto* w = reinterpret_cast<const uint32_t*>(blocked.data_ptr());
   const auto* b = bias ? reinterpret_cast<const uint16_t*>(bias->data_ptr()) : nullptr;
@@ -119,10 +118,8 @@ torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor blocked, c10::optional<
       }
     }
   }
-#else
-  linear_avx2(reinterpret_cast<const uint16_t*>(x.data_ptr()), rows, 2 * pairs, reinterpret_cast<const uint32_t*>(blocked.data_ptr()),
-              blocks, bias ? reinterpret_cast<const uint16_t*>(bias->data_ptr()) : nullptr, reinterpret_cast<uint16_t*>(out.data_ptr()),
-              at::get_num_threads());
-#endif
   return out;
+#else
+  return linear_avx2(x, blocked, bias);
+#endif
 }

@@ -4,9 +4,10 @@
 // that head's query heads together, so every K/V row is read once for the whole GQA group.
 // With AVX512-BF16 (bf16 caches) q.k runs as bf16 pair products summed in fp32 and V rows are
 // widened once per 16 columns; other dtypes and CPUs take plain loops the compiler vectorises.
-// bf16 prefill slices attend as tiles (below), whose two products run on AMX where the CPU has
-// it (attention_amx.cpp: 2.8x faster than the AVX512-BF16 tiles for 256 rows after 768 of
-// context, 1.71 against 4.71 ms a layer, one round of a throwaway script on 2026-12-06).
+// Prefill slices attend as tiles (below): in bf16 on a CPU with AVX512-BF16, their two products
+// on AMX where the CPU has it (attention_amx.cpp: 2.8x faster than the AVX512-BF16 tiles for
+// 256 rows after 768 of context, 1.71 against 4.71 ms a layer, one round of a throwaway script
+// on 2026-12-06); in float32 with AVX2 elsewhere (float32 caches, or no AVX512-BF16).
 // Built by engine/cpu_kernels.py for the machine it runs on (-march=native).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -365,6 +366,120 @@ void attend_tile_amx(c10::BFloat16* out, const c10::BFloat16* q, const PackedCon
 #endif
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__)
+// Prefill slices that the bf16 tiles above do not take (float32 caches anywhere, bf16 ones on a
+// CPU without AVX512-BF16) attend as tiles too, in float32: K packed transposed, 16 keys to a
+// row per dim, so that 4 query vectors' scores against 16 keys are 8 accumulators fed by 2
+// loads and 4 broadcasts per dim (the row-wise path reduces every dot product across lanes and
+// reads each K row once per query row); V widened to float rows, and p.v runs 3 query vectors
+// by 32 columns (12 accumulators, 4 loads and 3 broadcasts a position).
+struct FloatContext {
+  std::vector<float> keys;  // [(tile * dim + d) * 16 + lane]: key 16 tile + lane's dim d, zero past the last key
+  std::vector<float> values;  // [pos * dim + d]
+};
+
+inline bool float_tiles_apply(int64_t dim) { return dim % 8 == 0 && dim <= 256; }
+
+template <typename T>
+void pack_float_context(FloatContext& packed, const PagedRows<T>& keys, const PagedRows<T>& values, int64_t length, int64_t dim) {
+  packed.keys.assign((length + 15) / 16 * dim * 16, 0.f);
+  packed.values.resize(length * dim);
+  for (int64_t pos = 0; pos < length; ++pos) {
+    const T* key = keys.row(pos);
+    const T* value = values.row(pos);
+    float* column = packed.keys.data() + (pos / 16) * dim * 16 + pos % 16;
+    float* row = packed.values.data() + pos * dim;
+    for (int64_t d = 0; d < dim; ++d) column[d * 16] = to_float(key[d]);
+    for (int64_t d = 0; d < dim; ++d) row[d] = to_float(value[d]);
+  }
+}
+
+struct FloatScratch {
+  std::vector<float> queries;  // the tile's query vectors, scaled, [vectors rounded up to 4][dim]
+  std::vector<float> probs;  // [vectors rounded up to 4][positions rounded up to 16], zero past each one's own
+};
+
+// scores of 4 query vectors (dim floats apart) against 16 packed keys, into 4 rows `stride` apart
+inline void score_4x16(float* scores, int64_t stride, const float* queries, const float* keys, int64_t dim) {
+  __m256 low0 = _mm256_setzero_ps(), low1 = low0, low2 = low0, low3 = low0;
+  __m256 high0 = low0, high1 = low0, high2 = low0, high3 = low0;
+  for (int64_t d = 0; d < dim; ++d) {
+    const __m256 low = _mm256_loadu_ps(keys + d * 16), high = _mm256_loadu_ps(keys + d * 16 + 8);
+    const __m256 q0 = _mm256_broadcast_ss(queries + d), q1 = _mm256_broadcast_ss(queries + dim + d);
+    const __m256 q2 = _mm256_broadcast_ss(queries + 2 * dim + d), q3 = _mm256_broadcast_ss(queries + 3 * dim + d);
+    low0 = _mm256_fmadd_ps(q0, low, low0), high0 = _mm256_fmadd_ps(q0, high, high0);
+    low1 = _mm256_fmadd_ps(q1, low, low1), high1 = _mm256_fmadd_ps(q1, high, high1);
+    low2 = _mm256_fmadd_ps(q2, low, low2), high2 = _mm256_fmadd_ps(q2, high, high2);
+    low3 = _mm256_fmadd_ps(q3, low, low3), high3 = _mm256_fmadd_ps(q3, high, high3);
+  }
+  _mm256_storeu_ps(scores, low0), _mm256_storeu_ps(scores + 8, high0);
+  _mm256_storeu_ps(scores + stride, low1), _mm256_storeu_ps(scores + stride + 8, high1);
+  _mm256_storeu_ps(scores + 2 * stride, low2), _mm256_storeu_ps(scores + 2 * stride + 8, high2);
+  _mm256_storeu_ps(scores + 3 * stride, low3), _mm256_storeu_ps(scores + 3 * stride + 8, high3);
+}
+
+// 3 probability rows (`stride` apart) times V's rows 0 .. length, columns `column` .. + 8 C
+template <int C>
+void weigh_3xC(float* acc, int64_t acc_stride, const float* probs, int64_t stride, const float* values, int64_t length, int64_t dim,
+               int64_t column) {
+  __m256 a[3][C];
+  for (int i = 0; i < 3; ++i)
+    for (int c = 0; c < C; ++c) a[i][c] = _mm256_setzero_ps();
+  for (int64_t pos = 0; pos < length; ++pos) {
+    const float* value = values + pos * dim + column;
+    const __m256 p0 = _mm256_broadcast_ss(probs + pos), p1 = _mm256_broadcast_ss(probs + stride + pos);
+    const __m256 p2 = _mm256_broadcast_ss(probs + 2 * stride + pos);
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      const __m256 v = _mm256_loadu_ps(value + 8 * c);
+      a[0][c] = _mm256_fmadd_ps(p0, v, a[0][c]), a[1][c] = _mm256_fmadd_ps(p1, v, a[1][c]), a[2][c] = _mm256_fmadd_ps(p2, v, a[2][c]);
+    }
+  }
+  for (int i = 0; i < 3; ++i)
+    for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc + i * acc_stride + column + 8 * c, a[i][c]);
+}
+
+// The tile's query vectors j = row * group + g (row r of the tile sees base + r positions)
+template <typename T>
+void attend_tile_float(T* out, const T* q, const FloatContext& packed, FloatScratch& scratch, int64_t first_row, int64_t rows,
+                       int64_t heads, int64_t head, int64_t group, int64_t base, float scale, int64_t dim) {
+  const int64_t vectors = rows * group, padded = (vectors + 3) / 4 * 4 + 2;  // whole blocks of 4, and of 3
+  const int64_t stride = (base + rows - 1 + 15) / 16 * 16;  // a probability row: whole key tiles
+  auto query = [&](int64_t j) { return q + ((first_row + j / group) * heads + head * group + j % group) * dim; };
+  auto seen = [&](int64_t j) { return base + std::min(j, vectors - 1) / group; };
+  scratch.queries.assign(padded * dim, 0.f);
+  for (int64_t j = 0; j < vectors; ++j)
+    for (int64_t d = 0; d < dim; ++d) scratch.queries[j * dim + d] = to_float(query(j)[d]) * scale;
+  scratch.probs.resize(padded * stride);
+  for (int64_t j0 = 0; j0 < vectors; j0 += 4)
+    for (int64_t tile = 0; tile < (seen(j0 + 3) + 15) / 16; ++tile)
+      score_4x16(scratch.probs.data() + j0 * stride + tile * 16, stride, scratch.queries.data() + j0 * dim,
+                 packed.keys.data() + tile * dim * 16, dim);
+  for (int64_t j = 0; j < padded; ++j) {  // softmax over each vector's own positions, zero past them
+    float* p = scratch.probs.data() + j * stride;
+    const int64_t own = j < vectors ? seen(j) : 0;
+    if (own > 0) {
+      const float inv = 1.f / exp_shifted(p, own);
+      for (int64_t pos = 0; pos < own; ++pos) p[pos] *= inv;
+    }
+    std::fill(p + own, p + stride, 0.f);
+  }
+  // p.v, into the query buffer (each block's queries are no longer needed)
+  float* acc = scratch.queries.data();
+  for (int64_t j0 = 0; j0 < vectors; j0 += 3) {
+    const float* p = scratch.probs.data() + j0 * stride;
+    const int64_t length = seen(j0 + 2);
+    int64_t column = 0;
+    for (; column + 32 <= dim; column += 32) weigh_3xC<4>(acc + j0 * dim, dim, p, stride, packed.values.data(), length, dim, column);
+    for (; column < dim; column += 8) weigh_3xC<1>(acc + j0 * dim, dim, p, stride, packed.values.data(), length, dim, column);
+  }
+  for (int64_t j = 0; j < vectors; ++j) {
+    T* o = out + (query(j) - q);
+    for (int64_t d = 0; d < dim; ++d) o[d] = static_cast<T>(acc[j * dim + d]);
+  }
+}
+#endif
+
 // One task: `rows` consecutive query rows of one sequence in one KV head (a tile of a prefill
 // slice, or a single row), or part `part` of a single row's positions (split below).
 struct Task {
@@ -397,10 +512,16 @@ void attend(T* out, const T* q, const T* k_cache, const T* v_cache, const int32_
   auto rows_of = [&](int64_t s) -> int64_t { return query_start[s + 1] - query_start[s]; };
   constexpr bool bf16 = std::is_same_v<T, c10::BFloat16>;
 #if defined(__AVX512BF16__)
-  const bool tiled = bf16 && tiles_apply(dim);
+  const bool bf16_tiles = bf16 && tiles_apply(dim);
 #else
-  const bool tiled = false;
+  const bool bf16_tiles = false;
 #endif
+#if defined(__AVX2__) && defined(__FMA__)
+  const bool float_tiles = !bf16_tiles && float_tiles_apply(dim);
+#else
+  const bool float_tiles = false;
+#endif
+  const bool tiled = bf16_tiles || float_tiles;
   std::vector<Task> tasks;
   std::vector<int64_t> packed_seqs;  // the sequences attended as tiles, each packed once per KV head
   for (int64_t s = 0; s < num_seqs; ++s) {
@@ -448,7 +569,7 @@ void attend(T* out, const T* q, const T* k_cache, const T* v_cache, const int32_
     return std::make_pair(PagedRows<T>{k_cache + h * slots * dim, offsets.data()}, PagedRows<T>{v_cache + h * slots * dim, offsets.data()});
   };
 #if defined(__AVX512BF16__)
-  std::vector<PackedContext> packed(packed_seqs.size() * kv_heads);
+  std::vector<PackedContext> packed(bf16_tiles ? packed_seqs.size() * kv_heads : 0);
   if constexpr (bf16) {
     at::parallel_for(0, static_cast<int64_t>(packed.size()), 1, [&](int64_t begin, int64_t end) {
       std::vector<int64_t> offsets;
@@ -460,6 +581,17 @@ void attend(T* out, const T* q, const T* k_cache, const T* v_cache, const int32_
     });
   }
 #endif
+#if defined(__AVX2__) && defined(__FMA__)
+  std::vector<FloatContext> float_packed(float_tiles ? packed_seqs.size() * kv_heads : 0);
+  at::parallel_for(0, static_cast<int64_t>(float_packed.size()), 1, [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> offsets;
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t s = packed_seqs[i / kv_heads];
+      const auto [keys, values] = context(s, i % kv_heads, offsets);
+      pack_float_context(float_packed[i], keys, values, seq_lens[s], dim);
+    }
+  });
+#endif
   const int64_t task_count = static_cast<int64_t>(tasks.size());
 #pragma omp parallel num_threads(at::get_num_threads()) if (task_count > 1)
   {
@@ -469,11 +601,21 @@ void attend(T* out, const T* q, const T* k_cache, const T* v_cache, const int32_
 #if defined(__AVX512BF16__)
     TileScratch scratch;
 #endif
+#if defined(__AVX2__) && defined(__FMA__)
+    FloatScratch float_scratch;
+#endif
 #pragma omp for schedule(dynamic, 1)
     for (int64_t index = 0; index < task_count; ++index) {
       const Task& task = tasks[index];
       const int64_t s = task.seq, h = task.head;
       const int64_t before = seq_lens[s] - rows_of(s);  // positions before the slice's first row
+#if defined(__AVX2__) && defined(__FMA__)
+      if (float_tiles && task.packed >= 0) {
+        attend_tile_float(out, q, float_packed[task.packed], float_scratch, task.first_row, task.rows, heads, h, group,
+                          before + (task.first_row - query_start[s]) + 1, scale, dim);
+        continue;
+      }
+#endif
 #if defined(__AVX512BF16__)
       if constexpr (bf16) {
         if (task.packed >= 0) {

@@ -122,6 +122,18 @@ def test_bf16_prefill_tiles_match_the_reference_at_every_head_size(kernel, head_
     assert_matches_reference(run(kernel, args, amx=amx), args)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("head_dim", [8, 48, 64, 72, 256])
+@pytest.mark.parametrize("group", [1, 3, 16])
+def test_prefill_slices_match_the_reference_at_every_head_size_in_every_dtype(kernel, head_dim, group, dtype):
+    """Prefill slices in float32 (and in bf16 and fp16 where the CPU has no AVX512-BF16) attend
+    as float32 tiles with AVX2: 4 query vectors by 16 keys for q.k, 3 vectors by 32 columns (then
+    8) for p.v; head sizes of whole and partial 32-column chunks, a slice that starts mid-block,
+    one of 17 keys (a key tile and one more), a first slice of 1 row, and a decode beside them."""
+    args = paged_batch([(37, 37), (61, 301), (3, 17), (1, 1), (1, 50)], group, head_dim, 16, dtype, seed=head_dim + group)
+    assert_matches_reference(run(kernel, args), args)
+
+
 MIN_PART_POSITIONS = 128  # kMinPartPositions in engine/csrc/paged_attention_cpu.cpp
 
 
