@@ -37,11 +37,17 @@ def test_a_set_dtype_or_cuda_needs_no_measurement(requested, device, expected):
 
 
 @pytest.mark.parametrize("seconds, expected", [
-    ({"float32": 2.0, "bfloat16": 1.0}, "bfloat16"),
-    ({"float32": 1.0, "bfloat16": 3.0}, "float32"),
-    ({"float32": 1.0, "bfloat16": 1.0}, "float32"),  # a tie goes to the exact one
-    ({"float32": 1.4, "bfloat16": 1.0}, "float32"),  # ... and so does a lead within the noise (MARGIN)
-    ({"float32": 1.5, "bfloat16": 1.0}, "bfloat16"),
+    ({"float32": (2.0, 2.0), "bfloat16": (1.0, 1.0)}, "bfloat16"),
+    ({"float32": (1.0, 1.0), "bfloat16": (3.0, 3.0)}, "float32"),
+    ({"float32": (1.0, 1.0), "bfloat16": (1.0, 1.0)}, "float32"),  # a tie goes to the exact one
+    ({"float32": (1.15, 1.15), "bfloat16": (1.0, 1.0)}, "float32"),  # ... and so does a lead within the noise (MARGIN)
+    ({"float32": (1.2, 1.2), "bfloat16": (1.0, 1.0)}, "bfloat16"),
+    # an AVX2-only CPU: half the bytes at batch 1, a tie at a full batch: geometric mean 1.39
+    ({"float32": (0.18, 2.0), "bfloat16": (0.09, 2.1)}, "bfloat16"),
+    # a 2x gain at one batch size cancels a 2x loss at the other
+    ({"float32": (2.0, 1.0), "bfloat16": (1.0, 2.0)}, "float32"),
+    # summed, the full batch would decide alone; in the geometric mean a 4% loss there does not
+    ({"float32": (0.2, 10.0), "bfloat16": (0.1, 10.4)}, "bfloat16"),
 ])
 def test_auto_on_a_cpu_takes_the_faster_measured_dtype(seconds, expected):
     assert faster_dtype(seconds) == expected
@@ -60,7 +66,9 @@ def test_a_dtype_the_device_cannot_run_is_refused_with_a_clear_message(requested
 
 def test_the_measurement_runs_the_models_matmul_in_both_dtypes():
     measure = matmul_seconds(TINY_CONFIG, (1, 4), repeats=2)
-    assert all(math.isfinite(measure(name)) and measure(name) > 0 for name in ("float32", "bfloat16"))
+    for name in ("float32", "bfloat16"):
+        times = measure(name)
+        assert len(times) == 2 and all(math.isfinite(t) and t > 0 for t in times)
 
 
 def test_weights_load_straight_into_the_target_dtype():
