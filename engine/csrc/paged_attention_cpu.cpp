@@ -568,29 +568,24 @@ void attend(T* out, const T* q, const T* k_cache, const T* v_cache, const int32_
     row_offsets(offsets, block_tables + s * max_blocks, seq_lens[s], block_size, dim);
     return std::make_pair(PagedRows<T>{k_cache + h * slots * dim, offsets.data()}, PagedRows<T>{v_cache + h * slots * dim, offsets.data()});
   };
-#if defined(__AVX512BF16__)
-  std::vector<PackedContext> packed(bf16_tiles ? packed_seqs.size() * kv_heads : 0);
-  if constexpr (bf16) {
-    at::parallel_for(0, static_cast<int64_t>(packed.size()), 1, [&](int64_t begin, int64_t end) {
+  // each tiled (sequence, KV head) context packed once, in parallel, by `pack`
+  auto pack_all = [&](auto& contexts, auto pack) {
+    at::parallel_for(0, static_cast<int64_t>(contexts.size()), 1, [&](int64_t begin, int64_t end) {
       std::vector<int64_t> offsets;
       for (int64_t i = begin; i < end; ++i) {
         const int64_t s = packed_seqs[i / kv_heads];
         const auto [keys, values] = context(s, i % kv_heads, offsets);
-        pack_context(packed[i], keys, values, seq_lens[s], dim);
+        pack(contexts[i], keys, values, seq_lens[s], dim);
       }
     });
-  }
+  };
+#if defined(__AVX512BF16__)
+  std::vector<PackedContext> packed(bf16_tiles ? packed_seqs.size() * kv_heads : 0);
+  if constexpr (bf16) pack_all(packed, [](auto&... args) { pack_context(args...); });
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
   std::vector<FloatContext> float_packed(float_tiles ? packed_seqs.size() * kv_heads : 0);
-  at::parallel_for(0, static_cast<int64_t>(float_packed.size()), 1, [&](int64_t begin, int64_t end) {
-    std::vector<int64_t> offsets;
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t s = packed_seqs[i / kv_heads];
-      const auto [keys, values] = context(s, i % kv_heads, offsets);
-      pack_float_context(float_packed[i], keys, values, seq_lens[s], dim);
-    }
-  });
+  pack_all(float_packed, [](auto&... args) { pack_float_context(args...); });
 #endif
   const int64_t task_count = static_cast<int64_t>(tasks.size());
 #pragma omp parallel num_threads(at::get_num_threads()) if (task_count > 1)
