@@ -13,6 +13,9 @@ no step pays for reordering them again:
   rows (AVX512 29.5, oneDNN 25.1), 30-43 ms at 64 (AVX512 99.8, oneDNN 40.7), 78.6 at 128
   (oneDNN 56.6) and 204-226 ms at 512 (AVX512 712, oneDNN 324): one round each of a throwaway
   script, 2026-12-06;
+- where the CPU has AVX2 but no AVX512-BF16, into the same blocked layout, for
+  engine/csrc/linear_avx2.cpp (widened to float32 in registers; from 128 rows a float32 copy
+  for the call and torch's GEMM);
 - elsewhere, where oneDNN can pack bf16 (AVX512-BW/VL/DQ or AVX-NE-CONVERT), into oneDNN's
   blocked layout: 1.1-2.3x faster than F.linear on the same weights (batch 1 to 300 rows), with
   bit-identical results.
@@ -31,7 +34,7 @@ BLOCK_COLUMNS, PAIR = 16, 2
 
 def blocked_kernel(weight: torch.Tensor):
     """engine/csrc/linear_cpu.cpp's kernel when it can take `weight` ([out, in] bfloat16 on a
-    CPU, out a multiple of 16, in of 2) and this machine built it with AVX512-BF16, else None."""
+    CPU, out a multiple of 16, in of 2) and this machine built it (AVX512-BF16 or AVX2), else None."""
     out_features, in_features = weight.shape
     if weight.device.type != "cpu" or weight.dtype != torch.bfloat16 or out_features % BLOCK_COLUMNS or in_features % PAIR:
         return None

@@ -4,9 +4,9 @@
 // pair of a weight vector widens in registers with one instruction per element: the pair's
 // first input shifted up 16 bits, its second masked. Those multiply x (widened to float32 once
 // per call) with fused multiply-adds in float32, so a decode step reads half the bytes of
-// float32 weights, and prefill's hundreds of rows run as 6-row x 16-column register tiles (12
-// accumulators, the widest that leaves AVX2's 16 registers room for the weights and the
-// broadcast). Rows are taken in chunks whose float32 copy stays in L2 while every block of the
+// float32 weights, and more rows run as 5-row x 16-column register tiles (10 accumulators, the
+// most that leaves AVX2's 16 registers room for the four widened weight vectors and the two
+// broadcasts). Rows are taken in chunks whose float32 copy stays in L2 while every block of the
 // thread's columns passes over it. Rounds once to bfloat16, to nearest even. From kWidenRows
 // rows on (prefill), torch's float32 GEMM on a widened copy of the weight instead (below).
 #include <torch/extension.h>
@@ -28,6 +28,12 @@ inline __m256 widen8(const uint16_t* bf16) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bf16))), 16));
 }
 
+// a weight vector's 8 pairs as float32: their first inputs, their second inputs
+inline __m256 first_of(__m256i pairs) { return _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16)); }
+inline __m256 second_of(__m256i pairs) {
+  return _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u))));
+}
+
 // 8 floats to bfloat16, to nearest even (a NaN stays a quiet NaN), as torch's casts round
 inline __m128i round8(__m256 v) {
   const __m256i bits = _mm256_castps_si256(v);
@@ -38,7 +44,6 @@ inline __m128i round8(__m256 v) {
   return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(rounded, rounded), 0x08));
 }
 
-// R rows of x (float32, `k` a row) times one block of 16 columns (its k/2 pair vectors)
 // one row's two accumulators (columns 0-7 and 8-15) across a pair of inputs
 #define K25_ROW(r)                                                                                          \
   if constexpr (R > r) {                                                                                    \
@@ -59,13 +64,11 @@ void tile(const float* x, int64_t k, const uint32_t* block, const uint16_t* bias
   const __m256 low = bias ? widen8(bias) : _mm256_setzero_ps(), high = bias ? widen8(bias + 8) : _mm256_setzero_ps();
   __m256 left0 = low, left1 = low, left2 = low, left3 = low, left4 = low;
   __m256 right0 = high, right1 = high, right2 = high, right3 = high, right4 = high;
-  const __m256i second = _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
   const float* xr = x;
   for (int64_t p = 0; p < k / 2; ++p, xr += 2) {
     const __m256i* pair = reinterpret_cast<const __m256i*>(block + p * 16);
     const __m256i w0 = _mm256_loadu_si256(pair), w1 = _mm256_loadu_si256(pair + 1);
-    const __m256 first0 = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16)), first1 = _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16));
-    const __m256 second0 = _mm256_castsi256_ps(_mm256_and_si256(w0, second)), second1 = _mm256_castsi256_ps(_mm256_and_si256(w1, second));
+    const __m256 first0 = first_of(w0), first1 = first_of(w1), second0 = second_of(w0), second1 = second_of(w1);
     K25_ROW(0) K25_ROW(1) K25_ROW(2) K25_ROW(3) K25_ROW(4)
   }
   K25_STORE(0) K25_STORE(1) K25_STORE(2) K25_STORE(3) K25_STORE(4)
@@ -120,15 +123,14 @@ torch::Tensor widened_weight(const torch::Tensor& blocked) {
   auto weight = torch::empty({2 * pairs, n}, blocked.options().dtype(torch::kFloat32));
   const auto* w = reinterpret_cast<const __m256i*>(blocked.data_ptr());
   float* out = weight.data_ptr<float>();
-  const __m256i second = _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b)
       for (int64_t p = 0; p < pairs; ++p)
         for (int64_t half = 0; half < 2; ++half) {
           const __m256i v = _mm256_loadu_si256(w + (b * pairs + p) * 2 + half);
           float* column = out + 2 * p * n + 16 * b + 8 * half;
-          _mm256_storeu_ps(column, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
-          _mm256_storeu_ps(column + n, _mm256_castsi256_ps(_mm256_and_si256(v, second)));
+          _mm256_storeu_ps(column, first_of(v));
+          _mm256_storeu_ps(column + n, second_of(v));
         }
   });
   return weight;

@@ -1,5 +1,5 @@
 """The projections' matmul (engine.linear): bf16 weights in the blocked layout of this project's
-kernels (AVX512-BF16, and AMX where the CPU has it) give x W^T (+ bias) within bf16's rounding
+kernels (AVX512-BF16, AMX where the CPU has it, AVX2 without AVX512-BF16) give x W^T (+ bias) within bf16's rounding
 at every row count (checked in float64),
 weights the kernel cannot take are packed for oneDNN and give F.linear's results, and other
 dtypes stay plain tensors."""
@@ -17,7 +17,7 @@ FP32_UNIT_ROUNDOFF = 2.0**-24
 
 def needs_blocked_kernel():
     if blocked_kernel(torch.zeros(16, 2, dtype=torch.bfloat16)) is None:
-        pytest.skip("no AVX512-BF16 build of the CPU kernels here: the blocked layout is not used")
+        pytest.skip("no AVX512-BF16 or AVX2 build of the CPU kernels here: the blocked layout is not used")
 
 
 def test_blocked_layout_puts_16_columns_by_pairs_of_inputs():
