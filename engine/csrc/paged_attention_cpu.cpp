@@ -2,8 +2,8 @@
 // its context's K/V rows in place through its block table (no gather into a scratch buffer),
 // scores, softmax and the weighted sum of V in fp32, one task per (query row, KV head) with
 // that head's query heads together, so every K/V row is read once for the whole GQA group.
-// With AVX512-BF16 (bf16 caches) q.k runs as bf16 pair products summed in fp32 and V rows are
-// widened once per 16 columns; other dtypes and CPUs take plain loops the compiler vectorises.
+// With AVX512-BF16 (bf16 caches) both products run as bf16 pair products summed in fp32 (the
+// probabilities rounded to bf16); other dtypes and CPUs take plain loops the compiler vectorises.
 // Prefill slices attend as tiles (below): in bf16 on a CPU with AVX512-BF16, their two products
 // on AMX where the CPU has it (attention_amx.cpp: 2.8x faster than the AVX512-BF16 tiles for
 // 256 rows after 768 of context, 1.71 against 4.71 ms a layer, one round of a throwaway script
@@ -112,37 +112,43 @@ inline __m512 sum_each(const __m512* v) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(low, high, 0x88), _mm512_shuffle_f32x4(low, high, 0xDD));
 }
 
-// bf16 with head_dim a multiple of 32: products of bf16 pairs summed in fp32 (AVX512-BF16),
-// 16 positions' dot products reduced together.
-template <>
-void score<c10::BFloat16>(float* scores, const c10::BFloat16* q, const PagedRows<c10::BFloat16>& keys, int64_t group,
-                          int64_t length, int64_t dim, float scale) {
-  if (dim % 32 != 0 || dim > 256 || group > 8) {
-    score_rowwise(scores, q, keys, group, length, dim, scale);
-    return;
-  }
-  const int64_t words = dim / 32;
+// bf16 with head_dim WORDS x 32: products of bf16 pairs summed in fp32 (AVX512-BF16), 16
+// positions' dot products reduced together. A last chunk shorter than 16 reads its last row
+// again in the lanes past the end, whose scores the masked store drops.
+template <int WORDS>
+void score_words(float* scores, const c10::BFloat16* q, const PagedRows<c10::BFloat16>& keys, int64_t group,
+                 int64_t length, int64_t dim, float scale) {
   const __m512 scaled = _mm512_set1_ps(scale);
-  __m512bh query[8 * 8];
-  for (int64_t i = 0; i < group * words; ++i) query[i] = (__m512bh)_mm512_loadu_si512(q + i * 32);
+  __m512bh query[8][WORDS];
+  for (int64_t g = 0; g < group; ++g)
+    for (int w = 0; w < WORDS; ++w) query[g][w] = (__m512bh)_mm512_loadu_si512(q + g * dim + w * 32);
   prefetch_rows(keys, 0, kPrefetchRows, length, dim);
   for (int64_t first = 0; first < length; first += 16) {
     prefetch_rows(keys, first + kPrefetchRows, first + kPrefetchRows + 16, length, dim);
     const int64_t count = std::min<int64_t>(16, length - first);
     const __mmask16 valid = static_cast<__mmask16>((1u << count) - 1);
+    const c10::BFloat16* rows[16];
+    for (int64_t i = 0; i < 16; ++i) rows[i] = keys.row(first + std::min(i, count - 1));
     for (int64_t g = 0; g < group; ++g) {  // the chunk's 16 K rows stay in L1 across the group
       __m512 dots[16];
-      for (int64_t i = 0; i < 16; ++i) {
-        dots[i] = _mm512_setzero_ps();
-        if (i < count) {
-          const c10::BFloat16* key = keys.row(first + i);
-          for (int64_t w = 0; w < words; ++w)
-            dots[i] = _mm512_dpbf16_ps(dots[i], query[g * words + w], (__m512bh)_mm512_loadu_si512(key + w * 32));
-        }
+      for (int i = 0; i < 16; ++i) {
+        __m512 dot = _mm512_setzero_ps();
+        for (int w = 0; w < WORDS; ++w) dot = _mm512_dpbf16_ps(dot, query[g][w], (__m512bh)_mm512_loadu_si512(rows[i] + w * 32));
+        dots[i] = dot;
       }
       _mm512_mask_storeu_ps(scores + g * length + first, valid, _mm512_mul_ps(sum_each(dots), scaled));
     }
   }
+}
+
+template <>
+void score<c10::BFloat16>(float* scores, const c10::BFloat16* q, const PagedRows<c10::BFloat16>& keys, int64_t group,
+                          int64_t length, int64_t dim, float scale) {
+  using Words = void (*)(float*, const c10::BFloat16*, const PagedRows<c10::BFloat16>&, int64_t, int64_t, int64_t, float);
+  static constexpr Words by_words[] = {score_words<1>, score_words<2>, score_words<3>, score_words<4>,
+                                       score_words<5>, score_words<6>, score_words<7>, score_words<8>};
+  if (dim % 32 != 0 || dim > 256 || group > 8) return score_rowwise(scores, q, keys, group, length, dim, scale);
+  by_words[dim / 32 - 1](scores, q, keys, group, length, dim, scale);
 }
 #endif
 
@@ -167,40 +173,81 @@ void weigh(float* acc, const float* probs, const PagedRows<T>& values, int64_t g
 }
 
 #if defined(__AVX512BF16__)
-// One 16-wide column of the output for G query heads: accumulators in registers, each V row
-// converted once, even and odd positions in separate accumulators (two FMA chains per head).
-template <int G>
-void weigh_column(float* acc, const float* probs, const PagedRows<c10::BFloat16>& values, int64_t length, int64_t dim,
-                  int64_t column) {
-  __m512 even[G], odd[G];
-  for (int g = 0; g < G; ++g) even[g] = odd[g] = _mm512_setzero_ps();
-  auto load = [&](int64_t pos) { return k25::widen16(values.row(pos) + column); };
-  int64_t pos = 0;
-  if (column == 0) prefetch_rows(values, 0, kPrefetchRows, length, dim);
-  for (; pos + 1 < length; pos += 2) {
-    if (column == 0) prefetch_rows(values, pos + kPrefetchRows, pos + kPrefetchRows + 2, length, dim);
-    const __m512 first = load(pos), second = load(pos + 1);
-    for (int g = 0; g < G; ++g) {
-      even[g] = _mm512_fmadd_ps(_mm512_set1_ps(probs[g * length + pos]), first, even[g]);
-      odd[g] = _mm512_fmadd_ps(_mm512_set1_ps(probs[g * length + pos + 1]), second, odd[g]);
+// p.v with bf16 V, positions taken two at a time: rows pos and pos + 1 interleave into 32-bit
+// (v[pos][d], v[pos + 1][d]) words, so that one vdpbf16ps against the broadcast pair
+// (p[pos], p[pos + 1]) adds both positions' terms for 16 dims; the probabilities are rounded
+// to bf16 for it, as the prefill tiles round them. W words of 32 dims a pass, for G query heads:
+// 4 W G accumulators in registers. Within a word, the low interleave holds dims 0-3, 8-11,
+// 16-19, 24-27 and the high one the others, put back in order at the end.
+template <int G, int W>
+void weigh_pairs(float* acc, const uint32_t* prob_pairs, int64_t pair_stride, const PagedRows<c10::BFloat16>& values,
+                 int64_t length, int64_t dim, int64_t first_word) {
+  __m512 low[G][W], high[G][W];
+  for (int g = 0; g < G; ++g)
+    for (int w = 0; w < W; ++w) low[g][w] = high[g][w] = _mm512_setzero_ps();
+  auto add = [&](int64_t pair, const c10::BFloat16* even, const c10::BFloat16* odd) {
+    for (int w = 0; w < W; ++w) {
+      const __m512i a = _mm512_loadu_si512(even + (first_word + w) * 32);
+      const __m512i b = odd ? _mm512_loadu_si512(odd + (first_word + w) * 32) : _mm512_setzero_si512();
+      const __m512bh lo = (__m512bh)_mm512_unpacklo_epi16(a, b), hi = (__m512bh)_mm512_unpackhi_epi16(a, b);
+      for (int g = 0; g < G; ++g) {
+        const __m512bh p = (__m512bh)_mm512_set1_epi32(prob_pairs[g * pair_stride + pair]);
+        low[g][w] = _mm512_dpbf16_ps(low[g][w], lo, p);
+        high[g][w] = _mm512_dpbf16_ps(high[g][w], hi, p);
+      }
     }
+  };
+  const bool prefetch = first_word == 0;  // later passes find the rows in cache
+  if (prefetch) prefetch_rows(values, 0, kPrefetchRows, length, dim);
+  int64_t pos = 0;
+  for (; pos + 1 < length; pos += 2) {
+    if (prefetch) prefetch_rows(values, pos + kPrefetchRows, pos + kPrefetchRows + 2, length, dim);
+    add(pos / 2, values.row(pos), values.row(pos + 1));
   }
-  if (pos < length) {
-    const __m512 last = load(pos);
-    for (int g = 0; g < G; ++g) even[g] = _mm512_fmadd_ps(_mm512_set1_ps(probs[g * length + pos]), last, even[g]);
-  }
-  for (int g = 0; g < G; ++g) _mm512_storeu_ps(acc + g * dim + column, _mm512_add_ps(even[g], odd[g]));
+  if (pos < length) add(pos / 2, values.row(pos), nullptr);
+  const __m512i first_half = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i second_half = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int g = 0; g < G; ++g)
+    for (int w = 0; w < W; ++w) {
+      float* out = acc + g * dim + (first_word + w) * 32;
+      _mm512_storeu_ps(out, _mm512_permutex2var_ps(low[g][w], first_half, high[g][w]));
+      _mm512_storeu_ps(out + 16, _mm512_permutex2var_ps(low[g][w], second_half, high[g][w]));
+    }
 }
 
-// bf16 V with head_dim a multiple of 16 and up to 8 query heads per KV head
+// bf16 V with head_dim a multiple of 32 and up to 8 query heads per KV head
 template <>
 void weigh<c10::BFloat16>(float* acc, const float* probs, const PagedRows<c10::BFloat16>& values, int64_t group,
                           int64_t length, int64_t dim) {
-  using Column = void (*)(float*, const float*, const PagedRows<c10::BFloat16>&, int64_t, int64_t, int64_t);
-  static constexpr Column by_group[] = {nullptr, weigh_column<1>, weigh_column<2>, weigh_column<3>, weigh_column<4>,
-                                        weigh_column<5>, weigh_column<6>, weigh_column<7>, weigh_column<8>};
-  if (dim % 16 != 0 || group > 8) return weigh_rowwise(acc, probs, values, group, length, dim);
-  for (int64_t column = 0; column < dim; column += 16) by_group[group](acc, probs, values, length, dim, column);
+  using Pass = void (*)(float*, const uint32_t*, int64_t, const PagedRows<c10::BFloat16>&, int64_t, int64_t, int64_t);
+  static constexpr Pass one_word[] = {nullptr, weigh_pairs<1, 1>, weigh_pairs<2, 1>, weigh_pairs<3, 1>, weigh_pairs<4, 1>,
+                                      weigh_pairs<5, 1>, weigh_pairs<6, 1>, weigh_pairs<7, 1>, weigh_pairs<8, 1>};
+  static constexpr Pass two_words[] = {nullptr, weigh_pairs<1, 2>, weigh_pairs<2, 2>, weigh_pairs<3, 2>, weigh_pairs<4, 2>};
+  if (dim % 32 != 0 || group > 8) return weigh_rowwise(acc, probs, values, group, length, dim);
+  // each query head's probabilities as bf16 pairs (position 2 j in the low half), zero past the end
+  const int64_t pairs = (length + 1) / 2, pair_stride = (pairs + 15) / 16 * 16;
+  std::vector<uint32_t> prob_pairs(group * pair_stride);
+  for (int64_t g = 0; g < group; ++g) {
+    const float* p = probs + g * length;
+    uint32_t* out = prob_pairs.data() + g * pair_stride;
+    for (int64_t pos = 0; pos < 2 * pair_stride; pos += 32) {
+      auto part = [&](int64_t from) {
+        const int64_t n = std::clamp<int64_t>(length - from, 0, 16);
+        return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1), p + from);
+      };
+      _mm512_storeu_si512(out + pos / 2, (__m512i)_mm512_cvtne2ps_pbh(part(pos + 16), part(pos)));
+    }
+  }
+  const int64_t words = dim / 32;
+  for (int64_t word = 0; word < words;) {
+    if (group <= 4 && word + 2 <= words) {
+      two_words[group](acc, prob_pairs.data(), pair_stride, values, length, dim, word);
+      word += 2;
+    } else {
+      one_word[group](acc, prob_pairs.data(), pair_stride, values, length, dim, word);
+      word += 1;
+    }
+  }
 }
 #endif
 
@@ -590,7 +637,7 @@ void attend(T* out, const T* q, const T* k_cache, const T* v_cache, const int32_
   const int64_t task_count = static_cast<int64_t>(tasks.size());
 #pragma omp parallel num_threads(at::get_num_threads()) if (task_count > 1)
   {
-    std::vector<float> scores, acc(group * dim);
+    std::vector<float> scores, acc(group * dim), inverse_sum(group);
     std::vector<int64_t> offsets;
     int64_t offsets_for = -1;  // the sequence `offsets` holds rows of
 #if defined(__AVX512BF16__)
@@ -655,13 +702,10 @@ void attend(T* out, const T* q, const T* k_cache, const T* v_cache, const int32_
       const PagedRows<T> values{v_cache + h * slots * dim, offsets.data()};
       scores.resize(group * length);
       score<T>(scores.data(), q + (t * heads + h * group) * dim, keys, group, length, dim, scale);
-      for (int64_t g = 0; g < group; ++g) {
-        float* sg = scores.data() + g * length;
-        const float inv = 1.f / exp_shifted(sg, length);
-        for (int64_t pos = 0; pos < length; ++pos) sg[pos] *= inv;
-      }
+      // the softmax's division, applied to p.v rather than to each probability
+      for (int64_t g = 0; g < group; ++g) inverse_sum[g] = 1.f / exp_shifted(scores.data() + g * length, length);
       weigh<T>(acc.data(), scores.data(), values, group, length, dim);
-      for (int64_t i = 0; i < group * dim; ++i) out_rows[i] = static_cast<T>(acc[i]);
+      for (int64_t i = 0; i < group * dim; ++i) out_rows[i] = static_cast<T>(acc[i] * inverse_sum[i / dim]);
     }
     // each split row: its parts' sums rescaled to the largest max, then divided
 #pragma omp for schedule(static)
