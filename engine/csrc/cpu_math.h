@@ -1,5 +1,5 @@
-// Helpers the CPU kernels share: widening a cache or weight element (or, with AVX512, 16 bf16
-// ones) to float, and a vectorisable exp.
+// Helpers the CPU kernels share: widening a cache or weight element (or, with AVX2, 8 bf16
+// ones; with AVX512, 16) to float, and a vectorisable exp.
 #pragma once
 
 #include <torch/extension.h>
@@ -8,11 +8,18 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX512F__)
+#if defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
 namespace k25 {
+
+#if defined(__AVX2__)
+// 8 bfloat16 (the upper halves of float32) to float32
+inline __m256 widen8(const void* bf16) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i*>(bf16))), 16));
+}
+#endif
 
 #if defined(__AVX512F__)
 // 16 bfloat16 (the upper halves of float32) to float32

@@ -12,6 +12,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "cpu_math.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -24,9 +26,7 @@ namespace {
 constexpr int kTileRows = 5;
 constexpr int64_t kChunkFloats = 32768;  // 128 KB of widened x per row chunk
 
-inline __m256 widen8(const uint16_t* bf16) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bf16))), 16));
-}
+using k25::widen8;
 
 // a weight vector's 8 pairs as float32: their first inputs, their second inputs
 inline __m256 first_of(__m256i pairs) { return _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16)); }

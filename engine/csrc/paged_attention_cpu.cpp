@@ -3,7 +3,8 @@
 // scores, softmax and the weighted sum of V in fp32, one task per (query row, KV head) with
 // that head's query heads together, so every K/V row is read once for the whole GQA group.
 // With AVX512-BF16 (bf16 caches) both products run as bf16 pair products summed in fp32 (the
-// probabilities rounded to bf16); other dtypes and CPUs take plain loops the compiler vectorises.
+// probabilities rounded to bf16); float32 caches, and bf16 ones without AVX512-BF16, run in
+// float32 with AVX2; the rest (float16, other CPUs) take plain loops the compiler vectorises.
 // Prefill slices attend as tiles (below): in bf16 on a CPU with AVX512-BF16, their two products
 // on AMX where the CPU has it (attention_amx.cpp: 2.8x faster than the AVX512-BF16 tiles for
 // 256 rows after 768 of context, 1.71 against 4.71 ms a layer, one round of a throwaway script
@@ -55,18 +56,17 @@ struct PagedRows {
   const T* row(int64_t pos) const { return head + offsets[pos]; }
 };
 
-#if defined(__AVX512BF16__)
 // Rows `from` .. `to` (clamped to `length`) asked into L1 ahead of use: a context's rows are
 // contiguous only within a block, so the hardware prefetcher misses at every block boundary
 // and a decode, whose K/V come from memory, would wait a memory latency per block.
 constexpr int64_t kPrefetchRows = 32;
-inline void prefetch_rows(const PagedRows<c10::BFloat16>& rows, int64_t from, int64_t to, int64_t length, int64_t dim) {
+template <typename T>
+inline void prefetch_rows(const PagedRows<T>& rows, int64_t from, int64_t to, int64_t length, int64_t dim) {
   for (int64_t pos = from; pos < std::min(to, length); ++pos) {
     const char* row = reinterpret_cast<const char*>(rows.row(pos));
-    for (int64_t byte = 0; byte < dim * 2; byte += 64) _mm_prefetch(row + byte, _MM_HINT_T0);
+    for (int64_t byte = 0; byte < dim * static_cast<int64_t>(sizeof(T)); byte += 64) __builtin_prefetch(row + byte, 0, 3);
   }
 }
-#endif
 
 inline void row_offsets(std::vector<int64_t>& offsets, const int32_t* table, int64_t length, int64_t block_size, int64_t dim) {
   offsets.resize(length);
@@ -93,9 +93,140 @@ void score_rowwise(float* scores, const T* q, const PagedRows<T>& keys, int64_t 
   }
 }
 
+// acc[g] = sum over positions of probs[g][pos] * v_pos, any dtype.
+template <typename T>
+void weigh_rowwise(float* acc, const float* probs, const PagedRows<T>& values, int64_t group, int64_t length, int64_t dim) {
+  std::fill(acc, acc + group * dim, 0.f);
+  for (int64_t pos = 0; pos < length; ++pos) {
+    const T* value = values.row(pos);
+    for (int64_t g = 0; g < group; ++g) {
+      const float p = probs[g * length + pos];
+      float* ag = acc + g * dim;
+#pragma omp simd
+      for (int64_t d = 0; d < dim; ++d) ag[d] += p * to_float(value[d]);
+    }
+  }
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+// Float32 and bf16 caches with AVX2, where the AVX512-BF16 paths below do not take them (float32
+// anywhere, bf16 without AVX512-BF16): q.k as 8 positions' dot products for one query head at a
+// time, reduced together; p.v with a G x C block of accumulators (query heads by 8-dim
+// vectors) in registers, each V row's C vectors widened once a pass (the row-wise loops above
+// reduce every dot product on its own, and load and store p.v's accumulators at every position).
+template <typename T>
+constexpr bool avx2_rows_take = std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>;
+inline bool avx2_rows_apply(int64_t dim, int64_t group) { return dim % 8 == 0 && dim <= 256 && group <= 8; }
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::BFloat16* p) { return k25::widen8(p); }
+
+// lane i of the result = the sum of the 8 lanes of v[i]
+inline __m256 sum_each8(const __m256* v) {
+  const __m256 low = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 high = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31));
+}
+
+template <typename T>
+void score_avx2(float* scores, const T* q, const PagedRows<T>& keys, int64_t group, int64_t length, int64_t dim, float scale) {
+  float query[8 * 256];
+  for (int64_t i = 0; i < group * dim; ++i) query[i] = to_float(q[i]);
+  const __m256 scaled = _mm256_set1_ps(scale);
+  prefetch_rows(keys, 0, kPrefetchRows, length, dim);
+  for (int64_t first = 0; first < length; first += 8) {
+    prefetch_rows(keys, first + kPrefetchRows, first + kPrefetchRows + 8, length, dim);
+    const int64_t count = std::min<int64_t>(8, length - first);
+    const T* rows[8];  // a last chunk shorter than 8 reads its last row again; those lanes are dropped
+    for (int64_t i = 0; i < 8; ++i) rows[i] = keys.row(first + std::min(i, count - 1));
+    for (int64_t g = 0; g < group; ++g) {
+      __m256 dots[8];
+      for (int i = 0; i < 8; ++i) dots[i] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < dim; d += 8) {
+        const __m256 query_part = _mm256_loadu_ps(query + g * dim + d);
+        for (int i = 0; i < 8; ++i) dots[i] = _mm256_fmadd_ps(query_part, load8(rows[i] + d), dots[i]);
+      }
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, _mm256_mul_ps(sum_each8(dots), scaled));
+      std::copy(lanes, lanes + count, scores + g * length + first);
+    }
+  }
+}
+
+// columns column .. column + 8 C of p.v for G query heads
+template <typename T, int G, int C>
+void weigh_columns_avx2(float* acc, const float* probs, const PagedRows<T>& values, int64_t length, int64_t dim, int64_t column) {
+  __m256 sums[G][C];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) sums[g][c] = _mm256_setzero_ps();
+  const bool prefetch = column == 0;  // later passes find the rows in cache
+  if (prefetch) prefetch_rows(values, 0, kPrefetchRows, length, dim);
+  for (int64_t pos = 0; pos < length; ++pos) {
+    if (prefetch) prefetch_rows(values, pos + kPrefetchRows, pos + kPrefetchRows + 1, length, dim);
+    const T* row = values.row(pos) + column;
+    __m256 value[C];
+    for (int c = 0; c < C; ++c) value[c] = load8(row + 8 * c);
+    for (int g = 0; g < G; ++g) {
+      const __m256 p = _mm256_broadcast_ss(probs + g * length + pos);
+      for (int c = 0; c < C; ++c) sums[g][c] = _mm256_fmadd_ps(p, value[c], sums[g][c]);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc + g * dim + column + 8 * c, sums[g][c]);
+}
+
+template <typename T>
+void weigh_avx2(float* acc, const float* probs, const PagedRows<T>& values, int64_t group, int64_t length, int64_t dim) {
+  using Pass = void (*)(float*, const float*, const PagedRows<T>&, int64_t, int64_t, int64_t);
+  // by query heads: the widest pass whose accumulators and row vectors fit AVX2's 16 registers
+  static constexpr Pass wide[] = {nullptr, weigh_columns_avx2<T, 1, 4>, weigh_columns_avx2<T, 2, 4>, weigh_columns_avx2<T, 3, 2>,
+                                  weigh_columns_avx2<T, 4, 2>, weigh_columns_avx2<T, 5, 2>, weigh_columns_avx2<T, 6, 2>,
+                                  weigh_columns_avx2<T, 7, 1>, weigh_columns_avx2<T, 8, 1>};
+  static constexpr int64_t wide_columns[] = {0, 32, 32, 16, 16, 16, 16, 8, 8};
+  static constexpr Pass narrow[] = {nullptr, weigh_columns_avx2<T, 1, 1>, weigh_columns_avx2<T, 2, 1>, weigh_columns_avx2<T, 3, 1>,
+                                    weigh_columns_avx2<T, 4, 1>, weigh_columns_avx2<T, 5, 1>, weigh_columns_avx2<T, 6, 1>,
+                                    weigh_columns_avx2<T, 7, 1>, weigh_columns_avx2<T, 8, 1>};
+  for (int64_t column = 0; column < dim;) {
+    if (column + wide_columns[group] <= dim) {
+      wide[group](acc, probs, values, length, dim, column);
+      column += wide_columns[group];
+    } else {
+      narrow[group](acc, probs, values, length, dim, column);
+      column += 8;
+    }
+  }
+}
+#endif
+
+// the fastest of the paths above that takes these sizes and dtype
+template <typename T>
+void score_vectorised(float* scores, const T* q, const PagedRows<T>& keys, int64_t group, int64_t length, int64_t dim, float scale) {
+#if defined(__AVX2__) && defined(__FMA__)
+  if constexpr (avx2_rows_take<T>) {
+    if (avx2_rows_apply(dim, group)) return score_avx2(scores, q, keys, group, length, dim, scale);
+  }
+#endif
+  score_rowwise(scores, q, keys, group, length, dim, scale);
+}
+
+template <typename T>
+void weigh_vectorised(float* acc, const float* probs, const PagedRows<T>& values, int64_t group, int64_t length, int64_t dim) {
+#if defined(__AVX2__) && defined(__FMA__)
+  if constexpr (avx2_rows_take<T>) {
+    if (avx2_rows_apply(dim, group)) return weigh_avx2(acc, probs, values, group, length, dim);
+  }
+#endif
+  weigh_rowwise(acc, probs, values, group, length, dim);
+}
+
 template <typename T>
 void score(float* scores, const T* q, const PagedRows<T>& keys, int64_t group, int64_t length, int64_t dim, float scale) {
-  score_rowwise(scores, q, keys, group, length, dim, scale);
+  score_vectorised(scores, q, keys, group, length, dim, scale);
+}
+
+template <typename T>
+void weigh(float* acc, const float* probs, const PagedRows<T>& values, int64_t group, int64_t length, int64_t dim) {
+  weigh_vectorised(acc, probs, values, group, length, dim);
 }
 
 #if defined(__AVX512BF16__)
@@ -147,30 +278,10 @@ void score<c10::BFloat16>(float* scores, const c10::BFloat16* q, const PagedRows
   using Words = void (*)(float*, const c10::BFloat16*, const PagedRows<c10::BFloat16>&, int64_t, int64_t, int64_t, float);
   static constexpr Words by_words[] = {score_words<1>, score_words<2>, score_words<3>, score_words<4>,
                                        score_words<5>, score_words<6>, score_words<7>, score_words<8>};
-  if (dim % 32 != 0 || dim > 256 || group > 8) return score_rowwise(scores, q, keys, group, length, dim, scale);
+  if (dim % 32 != 0 || dim > 256 || group > 8) return score_vectorised(scores, q, keys, group, length, dim, scale);
   by_words[dim / 32 - 1](scores, q, keys, group, length, dim, scale);
 }
 #endif
-
-// acc[g] = sum over positions of probs[g][pos] * v_pos, any dtype.
-template <typename T>
-void weigh_rowwise(float* acc, const float* probs, const PagedRows<T>& values, int64_t group, int64_t length, int64_t dim) {
-  std::fill(acc, acc + group * dim, 0.f);
-  for (int64_t pos = 0; pos < length; ++pos) {
-    const T* value = values.row(pos);
-    for (int64_t g = 0; g < group; ++g) {
-      const float p = probs[g * length + pos];
-      float* ag = acc + g * dim;
-#pragma omp simd
-      for (int64_t d = 0; d < dim; ++d) ag[d] += p * to_float(value[d]);
-    }
-  }
-}
-
-template <typename T>
-void weigh(float* acc, const float* probs, const PagedRows<T>& values, int64_t group, int64_t length, int64_t dim) {
-  weigh_rowwise(acc, probs, values, group, length, dim);
-}
 
 #if defined(__AVX512BF16__)
 // p.v with bf16 V, positions taken two at a time: rows pos and pos + 1 interleave into 32-bit
@@ -223,7 +334,7 @@ void weigh<c10::BFloat16>(float* acc, const float* probs, const PagedRows<c10::B
   static constexpr Pass one_word[] = {nullptr, weigh_pairs<1, 1>, weigh_pairs<2, 1>, weigh_pairs<3, 1>, weigh_pairs<4, 1>,
                                       weigh_pairs<5, 1>, weigh_pairs<6, 1>, weigh_pairs<7, 1>, weigh_pairs<8, 1>};
   static constexpr Pass two_words[] = {nullptr, weigh_pairs<1, 2>, weigh_pairs<2, 2>, weigh_pairs<3, 2>, weigh_pairs<4, 2>};
-  if (dim % 32 != 0 || group > 8) return weigh_rowwise(acc, probs, values, group, length, dim);
+  if (dim % 32 != 0 || group > 8) return weigh_vectorised(acc, probs, values, group, length, dim);
   // each query head's probabilities as bf16 pairs (position 2 j in the low half), zero past the end
   const int64_t pairs = (length + 1) / 2, pair_stride = (pairs + 15) / 16 * 16;
   std::vector<uint32_t> prob_pairs(group * pair_stride);
