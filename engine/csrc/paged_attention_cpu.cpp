@@ -337,7 +337,8 @@ void weigh<c10::BFloat16>(float* acc, const float* probs, const PagedRows<c10::B
   if (dim % 32 != 0 || group > 8) return weigh_vectorised(acc, probs, values, group, length, dim);
   // each query head's probabilities as bf16 pairs (position 2 j in the low half), zero past the end
   const int64_t pairs = (length + 1) / 2, pair_stride = (pairs + 15) / 16 * 16;
-  std::vector<uint32_t> prob_pairs(group * pair_stride);
+  thread_local std::vector<uint32_t> prob_pairs;  // every entry written below
+  prob_pairs.resize(group * pair_stride);
   for (int64_t g = 0; g < group; ++g) {
     const float* p = probs + g * length;
     uint32_t* out = prob_pairs.data() + g * pair_stride;
