@@ -1,8 +1,8 @@
 """The CPU paged-attention kernel (engine/csrc/paged_attention_cpu.cpp) against the plain torch
 reference: mixed batches of prefill slices (first and later, starting mid-block) and decodes,
-contexts of 1 to a few thousand tokens, GQA ratios 1 to 16, head sizes its vector paths take
-(64, 128) and ones they leave to the plain loops (48, and more than 8 query heads per KV
-head), two block sizes, float32, bfloat16 and float16. Slots no sequence owns hold NaN, so a
+contexts of 1 to a few thousand tokens, GQA ratios 1 to 16, head sizes the bf16 paths take
+(multiples of 32) and ones they leave to the float32 path or the plain loops (48, and more
+than 8 query heads per KV head), two block sizes, float32, bfloat16 and float16. Slots no sequence owns hold NaN, so a
 read outside a context shows. The bound is the one the Triton kernel is held to
 (tests/helpers/paged_attention_cases.py) for a kernel that makes one pass over the keys, with
 its probabilities rounded to bf16 before p.v wherever it has AVX512-BF16 and bf16 caches."""
