@@ -153,26 +153,37 @@ void score_avx2(float* scores, const T* q, const PagedRows<T>& keys, int64_t gro
   }
 }
 
-// columns column .. column + 8 C of p.v for G query heads
-template <typename T, int G, int C>
-void weigh_columns_avx2(float* acc, const float* probs, const PagedRows<T>& values, int64_t length, int64_t dim, int64_t column) {
+// G probability rows (`prob_stride` apart) times V's rows row_of(0) .. row_of(length - 1)
+// (float32 or bf16), columns column .. column + 8 C, into G rows of `acc` `acc_stride` apart
+template <int G, int C, typename RowOf>
+void weigh_block(float* acc, int64_t acc_stride, const float* probs, int64_t prob_stride, RowOf row_of, int64_t length,
+                 int64_t column) {
   __m256 sums[G][C];
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < C; ++c) sums[g][c] = _mm256_setzero_ps();
-  const bool prefetch = column == 0;  // later passes find the rows in cache
-  if (prefetch) prefetch_rows(values, 0, kPrefetchRows, length, dim);
   for (int64_t pos = 0; pos < length; ++pos) {
-    if (prefetch) prefetch_rows(values, pos + kPrefetchRows, pos + kPrefetchRows + 1, length, dim);
-    const T* row = values.row(pos) + column;
+    const auto* row = row_of(pos) + column;
     __m256 value[C];
     for (int c = 0; c < C; ++c) value[c] = load8(row + 8 * c);
     for (int g = 0; g < G; ++g) {
-      const __m256 p = _mm256_broadcast_ss(probs + g * length + pos);
+      const __m256 p = _mm256_broadcast_ss(probs + g * prob_stride + pos);
       for (int c = 0; c < C; ++c) sums[g][c] = _mm256_fmadd_ps(p, value[c], sums[g][c]);
     }
   }
   for (int g = 0; g < G; ++g)
-    for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc + g * dim + column + 8 * c, sums[g][c]);
+    for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc + g * acc_stride + column + 8 * c, sums[g][c]);
+}
+
+// columns column .. column + 8 C of a decode's p.v for G query heads, its V rows in the cache
+template <typename T, int G, int C>
+void weigh_columns_avx2(float* acc, const float* probs, const PagedRows<T>& values, int64_t length, int64_t dim, int64_t column) {
+  const bool prefetch = column == 0;  // later passes find the rows in cache
+  if (prefetch) prefetch_rows(values, 0, kPrefetchRows, length, dim);
+  auto row_of = [&](int64_t pos) {
+    if (prefetch) prefetch_rows(values, pos + kPrefetchRows, pos + kPrefetchRows + 1, length, dim);
+    return values.row(pos);
+  };
+  weigh_block<G, C>(acc, dim, probs, length, row_of, length, column);
 }
 
 template <typename T>
@@ -577,27 +588,6 @@ inline void score_4x16(float* scores, int64_t stride, const float* queries, cons
   _mm256_storeu_ps(scores + 3 * stride, low3), _mm256_storeu_ps(scores + 3 * stride + 8, high3);
 }
 
-// 3 probability rows (`stride` apart) times V's rows 0 .. length, columns `column` .. + 8 C
-template <int C>
-void weigh_3xC(float* acc, int64_t acc_stride, const float* probs, int64_t stride, const float* values, int64_t length, int64_t dim,
-               int64_t column) {
-  __m256 a[3][C];
-  for (int i = 0; i < 3; ++i)
-    for (int c = 0; c < C; ++c) a[i][c] = _mm256_setzero_ps();
-  for (int64_t pos = 0; pos < length; ++pos) {
-    const float* value = values + pos * dim + column;
-    const __m256 p0 = _mm256_broadcast_ss(probs + pos), p1 = _mm256_broadcast_ss(probs + stride + pos);
-    const __m256 p2 = _mm256_broadcast_ss(probs + 2 * stride + pos);
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) {
-      const __m256 v = _mm256_loadu_ps(value + 8 * c);
-      a[0][c] = _mm256_fmadd_ps(p0, v, a[0][c]), a[1][c] = _mm256_fmadd_ps(p1, v, a[1][c]), a[2][c] = _mm256_fmadd_ps(p2, v, a[2][c]);
-    }
-  }
-  for (int i = 0; i < 3; ++i)
-    for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc + i * acc_stride + column + 8 * c, a[i][c]);
-}
-
 // The tile's query vectors j = row * group + g (row r of the tile sees base + r positions)
 template <typename T>
 void attend_tile_float(T* out, const T* q, const FloatContext& packed, FloatScratch& scratch, int64_t first_row, int64_t rows,
@@ -628,9 +618,10 @@ void attend_tile_float(T* out, const T* q, const FloatContext& packed, FloatScra
   for (int64_t j0 = 0; j0 < vectors; j0 += 3) {
     const float* p = scratch.probs.data() + j0 * stride;
     const int64_t length = seen(j0 + 2);
+    auto row_of = [&](int64_t pos) { return packed.values.data() + pos * dim; };
     int64_t column = 0;
-    for (; column + 32 <= dim; column += 32) weigh_3xC<4>(acc + j0 * dim, dim, p, stride, packed.values.data(), length, dim, column);
-    for (; column < dim; column += 8) weigh_3xC<1>(acc + j0 * dim, dim, p, stride, packed.values.data(), length, dim, column);
+    for (; column + 32 <= dim; column += 32) weigh_block<3, 4>(acc + j0 * dim, dim, p, stride, row_of, length, column);
+    for (; column < dim; column += 8) weigh_block<3, 1>(acc + j0 * dim, dim, p, stride, row_of, length, column);
   }
   for (int64_t j = 0; j < vectors; ++j) {
     T* o = out + (query(j) - q);
