@@ -14,16 +14,33 @@ rescaled by exp2(old max - new max). Causality: a key is masked (score -inf) whe
 position is past the row's own position, seq_lens[s] - n_s + i; the first key tile always
 holds position 0, visible to every row, so the running max is finite from the first tile on.
 
-Grid (T // BLOCK_Q + S, num_kv_heads), known on the host without reading device values (no
-sync; fixed for fixed T and S): sequence s owns program ids from query_start[s] // BLOCK_Q + s
-on, which is at least ceil(n_s / BLOCK_Q) ids, and each program finds its sequence by a binary
-search over query_start (as vLLM's unified attention does); an id past its sequence's last
-tile returns at once (at most one per sequence).
+Grid (T // BLOCK_Q + S, num_kv_heads, segments), known on the host without reading device
+values (no sync; fixed for fixed T and S): sequence s owns program ids from query_start[s] //
+BLOCK_Q + s on, which is at least ceil(n_s / BLOCK_Q) ids, and each program finds its sequence
+by a binary search over query_start (as vLLM's unified attention does); an id past its
+sequence's last tile returns at once (at most one per sequence).
+
+Split keys (flash-decoding). A decode at batch 1 is num_kv_heads programs, each walking its
+whole context alone: a handful of a GPU's ~100 SMs busy, for the longest contexts most of all.
+When the grid has fewer programs than the device has SMs (`segments_for`), each tile's keys
+are cut into `segments` runs of whole key tiles, one program each, which store their
+unnormalised p.v with their running max and sum; `_merge_segments` rescales the runs to one
+max and divides once. A row that sees no key of its run keeps max -inf and sum 0 (the
+rescale guards against -inf - -inf), and every row sees key 0, in run 0, so the merged max is
+finite.
+
+Launch shapes (`launch_meta`): a program takes BLOCK_M (query row, head) pairs against TILE_N
+keys at a time (32; 16 at head_dim 256). 16-bit inputs multiply on the tensor cores: 16 rows
+for decodes (4 warps), 64 for prefill (32 at head_dim 256; 8 warps). Float32 (no TF32)
+multiplies with FMAs whose operands all sit in registers: 16 rows, 8 warps. Chosen from sweeps
+compiled for sm_80 and sm_90 (registers and spills read from the cubins) over head dims 16-256
+and GQA groups 1-16, as shapes that keep their tiles in registers (a few values parked on the
+stack at most: 24 bytes a thread); tests/engine/test_triton_compiles.py compiles them again.
 
 Precision: q.k and p.v go through tl.dot with float32 accumulation ("ieee" for float32 inputs,
 so no TF32); for 16-bit inputs the probabilities are rounded to V's dtype before p.v, as in
 FlashAttention. Output cast to q's dtype. Rows of the output owned by no sequence (from
-query_start[-1] on) are left unwritten.
+query_start[-1] on) hold no defined value.
 
 Reductions use tl.reduce with triton.language.standard's combine functions rather than
 tl.max / tl.sum: those are @jit helpers that the interpreter can run only if TRITON_INTERPRET=1
@@ -41,9 +58,7 @@ import triton.language as tl
 
 from engine.paged_attention_reference import check_paged_attention_args
 
-TILE_N = 32  # key positions per inner iteration
-BLOCK_M_PREFILL = 64  # (query row, head) pairs per program when some sequence has several query rows
-BLOCK_M_DECODE = 16  # ... when every sequence has exactly one (tl.dot needs at least 16)
+MAX_SEGMENTS = 16  # key runs a tile's keys are split into at most (split keys, above)
 HEAD_DIMS = tuple(2**i for i in range(4, 9))  # 16 .. 256: powers of two (tl.arange), at least 16 (tl.dot)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -64,12 +79,13 @@ def _sequence_of(query_start_ptr, num_seqs, tile, BLOCK_Q: tl.constexpr):
 
 @triton.jit
 def _paged_attention_kernel(
-    out_ptr, q_ptr, k_ptr, v_ptr, block_tables_ptr, query_start_ptr, seq_lens_ptr,
-    num_seqs, qk_scale,
+    out_ptr, part_ptr, part_max_ptr, part_sum_ptr, q_ptr, k_ptr, v_ptr, block_tables_ptr, query_start_ptr, seq_lens_ptr,
+    num_seqs, num_heads, qk_scale,
     stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
     stride_ks, stride_kh, stride_kd, stride_vs, stride_vh, stride_vd, stride_bt,
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, TILE_N: tl.constexpr, PRECISION: tl.constexpr,
+    SEGMENTED: tl.constexpr,
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -101,11 +117,18 @@ def _paged_attention_kernel(
     acc = tl.full([BLOCK_M, HEAD_DIM], 0.0, tl.float32)
     # keys up to the tile's last position: first_pos + min(q0 + BLOCK_Q, n) - 1
     kv_end = tl.minimum(first_pos + q0 + BLOCK_Q, seq_len)
+    kv_begin = 0
+    if SEGMENTED:  # this program's run of whole key tiles
+        segment = tl.program_id(2)
+        segments = tl.num_programs(2)
+        run = ((kv_end + TILE_N - 1) // TILE_N + segments - 1) // segments * TILE_N
+        kv_begin = segment * run
+        kv_end = tl.minimum(kv_begin + run, kv_end)
     table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     k_base = k_ptr + kv_head * stride_kh
     v_base = v_ptr + kv_head * stride_vh
     cols = tl.arange(0, TILE_N)
-    for start in range(0, kv_end, TILE_N):
+    for start in range(kv_begin, kv_end, TILE_N):
         k_pos = start + cols
         k_mask = k_pos < kv_end
         block = tl.load(table_row + k_pos // BLOCK_SIZE, mask=k_mask, other=0)
@@ -115,6 +138,8 @@ def _paged_attention_kernel(
         visible = k_mask[None, :] & (k_pos[None, :] <= q_pos[:, None])
         scores = tl.where(visible, scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.reduce(scores, 1, tl.standard._elementwise_max))
+        if SEGMENTED:  # a row may see none of a run's first keys: its max stays -inf, and -inf - -inf is NaN
+            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.math.exp2(m_i - m_new)
         p = tl.math.exp2(scores - m_new[:, None])
         l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
@@ -122,11 +147,48 @@ def _paged_attention_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
-    out = acc / l_i[:, None]
-    tl.store(
-        out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od,
-        out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None],
+    if SEGMENTED:  # [T, num_heads, segments] (and head_dim), merged by _merge_segments
+        part = (token * num_heads + head) * tl.num_programs(2) + tl.program_id(2)
+        tl.store(part_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=row_mask[:, None])
+        tl.store(part_max_ptr + part, m_i, mask=row_mask)
+        tl.store(part_sum_ptr + part, l_i, mask=row_mask)
+    else:
+        out = acc / l_i[:, None]
+        tl.store(
+            out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od,
+            out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None],
+        )
+
+
+def launch_meta(dtype: torch.dtype, head_dim: int, group: int, block_size: int, decodes_only: bool) -> dict:
+    """The kernel's constexprs but SEGMENTED, and num_warps, for these inputs (launch shapes, above)."""
+    group_pad = triton.next_power_of_2(group)
+    tile_n = 16 if head_dim > 128 else 32
+    if dtype == torch.float32:
+        block_m, num_warps = 16, 8
+    elif decodes_only:
+        block_m, num_warps = 16, 4
+    else:
+        block_m, num_warps = 64 if head_dim <= 128 else 32, 8
+    block_m = max(block_m, group_pad)
+    return dict(
+        BLOCK_SIZE=block_size, GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_m // group_pad, BLOCK_M=block_m,
+        HEAD_DIM=head_dim, TILE_N=tile_n, PRECISION="ieee" if dtype == torch.float32 else "tf32", num_warps=num_warps,
     )
+
+
+def segments_for(programs: int, sms: int) -> int:
+    """Key runs per tile for a grid of `programs` (query tiles x KV heads): enough to give each
+    of the device's `sms` SMs a program, at most MAX_SEGMENTS."""
+    return max(1, min(MAX_SEGMENTS, sms // programs))
+
+
+def _merge_segments(part: torch.Tensor, part_max: torch.Tensor, part_sum: torch.Tensor, out: torch.Tensor) -> None:
+    """out [T, H, D] <- the runs' p.v [T, H, S, D] over their sums [T, H, S], each rescaled from
+    its own max [T, H, S] (log2 units) to the row's."""
+    weight = torch.exp2(part_max - part_max.amax(-1, keepdim=True))
+    total = (part_sum * weight).sum(-1, keepdim=True)
+    out.copy_((part * weight.unsqueeze(-1)).sum(-2) / total)
 
 
 def _interpreted() -> bool:
@@ -143,10 +205,12 @@ def paged_attention_triton(
     seq_lens: torch.Tensor,
     block_size: int,
     scale: float,
+    segments: int | None = None,
 ) -> torch.Tensor:
     """q [T, num_heads, head_dim], k_cache and v_cache [num_slots, num_kv_heads, head_dim] (one
     layer), block_tables [S, max_blocks], query_start [S + 1] and seq_lens [S] int32 ->
-    [T, num_heads, head_dim] in q's dtype. Shapes, dtypes and devices are checked here (ValueError);
+    [T, num_heads, head_dim] in q's dtype. `segments`: key runs per tile (split keys, above);
+    None: `segments_for` the grid. Shapes, dtypes and devices are checked here (ValueError);
     the values in query_start, seq_lens and block_tables are not (that would need a sync): they
     must satisfy 0 < n_s <= seq_lens[s] and name blocks inside the cache."""
     check_paged_attention_args(q, k_cache, v_cache, block_tables, query_start, seq_lens, block_size)
@@ -179,18 +243,23 @@ def paged_attention_triton(
     num_seqs, num_kv_heads = block_tables.shape[0], k_cache.shape[1]
     if tokens == 0 or num_seqs == 0:
         return out
-    group = num_heads // num_kv_heads
-    group_pad = triton.next_power_of_2(group)
-    block_m = max(BLOCK_M_DECODE if tokens <= num_seqs else BLOCK_M_PREFILL, group_pad)
-    block_q = block_m // group_pad
-    grid = (tokens // block_q + num_seqs, num_kv_heads)
-    _paged_attention_kernel[grid](
-        out, q, k_cache, v_cache, block_tables, query_start, seq_lens,
-        num_seqs, scale * math.log2(math.e),
+    meta = launch_meta(q.dtype, head_dim, num_heads // num_kv_heads, block_size, tokens <= num_seqs)
+    tiles = tokens // meta["BLOCK_Q"] + num_seqs
+    if segments is None:  # the interpreter: one key run, unless asked for more
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
+        segments = segments_for(tiles * num_kv_heads, sms)
+    if segments < 1:
+        raise ValueError(f"segments must be at least 1; got {segments}")
+    parts = [torch.empty(tokens, num_heads, segments, *tail, device=q.device, dtype=torch.float32)
+             for tail in ((head_dim,), (), ())] if segments > 1 else [out] * 3
+    _paged_attention_kernel[(tiles, num_kv_heads, segments)](
+        out, *parts, q, k_cache, v_cache, block_tables, query_start, seq_lens,
+        num_seqs, num_heads, scale * math.log2(math.e),
         q.stride(0), q.stride(1), q.stride(2), out.stride(0), out.stride(1), out.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
-        BLOCK_SIZE=block_size, GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_M=block_m,
-        HEAD_DIM=head_dim, TILE_N=TILE_N, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        SEGMENTED=segments > 1, **meta,
     )
+    if segments > 1:
+        _merge_segments(*parts, out)
     return out

@@ -16,7 +16,6 @@ import triton.language as tl
 from engine.lora.batch import KERNEL_BLOCK_ROWS, LoRABatch
 
 BLOCK_K = 32  # input features per shrink iteration
-BLOCK_N = 64  # output features per expand program
 
 
 @triton.jit
@@ -83,6 +82,23 @@ def _block_r(rank: int) -> int:
     return max(16, triton.next_power_of_2(rank))  # tl.dot needs at least 16 on each side
 
 
+# Past rank 64 (shrink) or 32 (expand), 8 warps, and the expand's programs take 32 output
+# features instead of 64: its fp32 s @ B.T multiplies with FMAs, operands in registers. The
+# shapes that spill nothing on sm_80 and sm_90 (tests/engine/test_triton_compiles.py).
+def shrink_meta(dtype: torch.dtype, rank: int) -> dict:
+    """_shrink_kernel's constexprs and num_warps for inputs of `dtype` and adapters of `rank`."""
+    block_r = _block_r(rank)
+    return dict(BLOCK_M=KERNEL_BLOCK_ROWS, BLOCK_R=block_r, BLOCK_K=BLOCK_K, num_warps=4 if block_r <= 64 else 8,
+                PRECISION="ieee" if dtype == torch.float32 else "tf32")  # the latter is ignored for 16-bit inputs
+
+
+def expand_meta(rank: int) -> dict:
+    """_expand_kernel's constexprs and num_warps for adapters of `rank`."""
+    block_r = _block_r(rank)
+    return dict(BLOCK_M=KERNEL_BLOCK_ROWS, BLOCK_R=block_r, BLOCK_N=64 if block_r <= 32 else 32,
+                num_warps=4 if block_r <= 32 else 8)
+
+
 def lora_shrink(x: torch.Tensor, a: torch.Tensor, batch: LoRABatch) -> torch.Tensor:
     """x [T, in], a [slots, slices, rank, in] -> s [T, slices, rank] fp32, filled on the rows of `batch`'s blocks."""
     tokens, (_, slices, rank, in_features) = x.shape[0], a.shape
@@ -92,8 +108,7 @@ def lora_shrink(x: torch.Tensor, a: torch.Tensor, batch: LoRABatch) -> torch.Ten
         x, a, s, batch.rows, batch.block_slot, batch.block_start, batch.block_rows,
         in_features, rank,
         x.stride(0), a.stride(0), a.stride(1), a.stride(2), s.stride(0), s.stride(1),
-        BLOCK_M=KERNEL_BLOCK_ROWS, BLOCK_R=_block_r(rank), BLOCK_K=BLOCK_K,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # the latter is ignored for 16-bit inputs
+        **shrink_meta(x.dtype, rank),
     )
     return s
 
@@ -103,9 +118,10 @@ def lora_expand_(y: torch.Tensor, s: torch.Tensor, b: torch.Tensor, offsets: tor
     b [slots, out, rank], offsets [slices + 1] int32."""
     slices, rank = s.shape[1], s.shape[2]
     assert y.stride(1) == 1 and b.stride(2) == 1 and y.shape[1] == b.shape[1]
-    _expand_kernel[(batch.block_slot.numel(), slices, triton.cdiv(max_slice, BLOCK_N))](
+    meta = expand_meta(rank)
+    _expand_kernel[(batch.block_slot.numel(), slices, triton.cdiv(max_slice, meta["BLOCK_N"]))](
         s, b, y, offsets, batch.rows, batch.block_slot, batch.block_start, batch.block_rows,
         rank,
         s.stride(0), s.stride(1), b.stride(0), b.stride(1), y.stride(0),
-        BLOCK_M=KERNEL_BLOCK_ROWS, BLOCK_R=_block_r(rank), BLOCK_N=BLOCK_N,
+        **meta,
     )

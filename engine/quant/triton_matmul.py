@@ -48,6 +48,16 @@ def _dequant_matmul_kernel(
     tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
+def dequant_meta(dtype: torch.dtype, bits: int, group: int) -> dict:
+    """_dequant_matmul_kernel's constexprs and num_warps for inputs of `dtype` and weights of
+    `bits` in groups of `group` columns. float32 (no TF32) multiplies with FMAs, operands in
+    registers: 8 warps, the shape that spills nothing on sm_80 and sm_90
+    (tests/engine/test_triton_compiles.py)."""
+    return dict(BITS=bits, GROUP=group, MID=INT4_MID, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+                num_warps=8 if dtype == torch.float32 else 4,
+                PRECISION="ieee" if dtype == torch.float32 else "tf32")  # the latter is ignored for 16-bit inputs
+
+
 def dequant_matmul(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, bits: int,
                    group: int) -> torch.Tensor:
     """x [M, K] @ W.T, W [N, K]: int8 codes [N, K] and scale [N, 1]; or int4 codes packed [N, K/2]
@@ -60,7 +70,6 @@ def dequant_matmul(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, ze
         x, codes, scale, scale if zero is None else zero, y,
         m, n, k,
         x.stride(0), codes.stride(0), scale.stride(0), y.stride(0),
-        BITS=bits, GROUP=group, MID=INT4_MID, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # the latter is ignored for 16-bit inputs
+        **dequant_meta(x.dtype, bits, group),
     )
     return y

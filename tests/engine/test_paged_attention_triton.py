@@ -22,13 +22,16 @@ def kernel(interpret_on_a_cpu):
     return paged_attention_triton
 
 
-def assert_matches_reference(actual, args, kernel_rounds_p_to):
+def assert_matches_reference(actual, args, kernel_rounds_p_to, segments=1):
     """Both are within their error_bound of the exact result, so of each other within the sum."""
-    from engine.paged_attention_triton import TILE_N  # imported by the `kernel` fixture, under the interpreter on a CPU
+    from engine.paged_attention_triton import launch_meta  # imported by the `kernel` fixture, under the interpreter on a CPU
 
+    q, k_cache, block_tables, block_size = args[0], args[1], args[3], args[6]
+    tile_n = launch_meta(q.dtype, q.shape[2], q.shape[1] // k_cache.shape[1], block_size,
+                         q.shape[0] <= block_tables.shape[0])["TILE_N"]
     expected = paged_attention_reference(*args)
     assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    bound = error_bound(args, kernel_rounds_p_to, TILE_N) + error_bound(args)
+    bound = error_bound(args, kernel_rounds_p_to, tile_n, segments) + error_bound(args)
     excess = (actual.cpu().double() - expected.cpu().double()).abs() - bound
     assert not actual.isnan().any(), "NaN in the output: a read outside some sequence's context"
     worst = excess.flatten().argmax()
@@ -67,6 +70,36 @@ def test_long_contexts_match_the_reference(kernel, dtype):
     specs = [(1, 2500), (200, 2100), (1024, 1024)]
     args = paged_batch(specs, 4, 64, 16, dtype, seed=7, device=DEVICE)
     assert_matches_reference(kernel(*args), args, dtype)
+
+
+@pytest.mark.parametrize("segments", [2, 3, 16])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_keys_split_into_runs_match_the_reference(kernel, dtype, segments):
+    """Split keys (flash-decoding) on a mixed batch: runs that hold no key of a short context,
+    prefill rows that see none of a run's keys, runs that start mid-block."""
+    args = paged_batch(MIXED, 3, 64, 16, dtype, seed=segments, device=DEVICE)
+    assert_matches_reference(kernel(*args, segments=segments), args, dtype, segments)
+
+
+@pytest.mark.slow
+def test_long_decodes_split_into_runs_match_the_reference(kernel):
+    """What split keys are for: a few decodes of long contexts."""
+    args = paged_batch([(1, 3000), (1, 1500), (1, 40)], 4, 64, 16, torch.float32, seed=11, device=DEVICE)
+    assert_matches_reference(kernel(*args, segments=16), args, torch.float32, 16)
+
+
+@pytest.mark.parametrize("programs, sms, segments", [(3, 132, 16), (60, 132, 2), (132, 132, 1), (200, 132, 1), (9, 108, 12)])
+def test_keys_are_split_until_every_sm_has_a_program(kernel, programs, sms, segments):
+    """A decode at batch 1 of a model with 3 KV heads on an H100 (132 SMs) takes the most runs;
+    a grid that already covers the SMs takes one."""
+    from engine.paged_attention_triton import segments_for
+
+    assert segments_for(programs, sms) == segments
+
+
+def test_fewer_than_one_key_run_is_refused(kernel):
+    with pytest.raises(ValueError, match="segments"):
+        kernel(*valid_args(), segments=0)
 
 
 def test_an_empty_batch_gives_an_empty_output(kernel):

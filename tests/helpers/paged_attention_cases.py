@@ -40,7 +40,7 @@ def paged_batch(specs, group, head_dim, block_size, dtype, seed, device="cpu"):
     return [t.to(device) for t in tensors] + [block_size, head_dim**-0.5]
 
 
-def error_bound(args, rounds_p_to: torch.dtype | None = None, tile_n: int | None = None) -> torch.Tensor:
+def error_bound(args, rounds_p_to: torch.dtype | None = None, tile_n: int | None = None, segments: int = 1) -> torch.Tensor:
     """How far one float32-accumulating evaluation of the batch may be from the exact attention
     of the same (already rounded) inputs, per output element, to first order in the unit
     roundoff: a worst case (errors all of one sign), not a statistical estimate. u is float32's
@@ -61,7 +61,9 @@ def error_bound(args, rounds_p_to: torch.dtype | None = None, tile_n: int | None
     A relative error e on every weight moves o = sum w_j v_j by at most e * W, W = sum w_j |v_j|;
     an absolute error a on every p_j by at most a * sum |v_j| / sum(p). Casting o to the output
     dtype adds its unit roundoff times |o|. The reference (no p rounding, no key tiles) is
-    covered by rounds_p_to=None, tile_n=None: one tile."""
+    covered by rounds_p_to=None, tile_n=None: one tile. Keys split into `segments` runs (the
+    Triton kernel's split keys) start a tile in each run and rescale each run once more when
+    the runs are merged, which adds one term a run to the sums: counted as 2 tiles a run."""
     q, k_cache, v_cache, block_tables, query_start, seq_lens, block_size, scale = args
     u = torch.finfo(torch.float32).eps
     gamma = lambda n: n * u / (1 - n * u)  # noqa: E731
@@ -96,7 +98,7 @@ def error_bound(args, rounds_p_to: torch.dtype | None = None, tile_n: int | None
         dot_abs = visible_max(torch.einsum("nhd,lhd->hnl", qs.abs(), k.abs()) * scale)
         score_abs = visible_max(scores.abs())
         keys = (positions[length - n :] + 1).double()[:, None, None]  # L per row
-        tiles = torch.ceil(keys / tile_n) if tile_n else torch.ones_like(keys)
+        tiles = (torch.ceil(keys / tile_n) if tile_n else torch.ones_like(keys)) + 2 * (segments - 1)
         delta = gamma(head_dim) * dot_abs + 6 * u * score_abs + 2 * u * (tiles + 1)
         relative = 2 * torch.expm1(delta) + u_p + gamma(2 * keys + 2 * tiles + 1)
         tiny = torch.finfo(torch.float32).tiny + tiny_p
