@@ -14,7 +14,8 @@ from engine.base.config import EngineConfig
 from engine.base.errors import EngineConfigError, EngineError, ErrorCode
 from engine.block_manager import BlockManager
 from engine.block_tables import BlockTables
-from engine.forward_batch import build_forward_batch
+from engine.decode_graphs import DecodeGraphs, StaticDecodeBatch, capture_sizes, graphs_enabled
+from engine.forward_batch import host_batch, to_device
 from engine.kv_cache import KVCache
 from engine.loader import LoadedModel
 from engine.lora.adapter import AdapterRef, LoadedAdapter
@@ -69,14 +70,22 @@ class LLMEngine:
         self.capacity_tokens = self.max_chunk_per_gpu * config.chunk_size
         self.max_model_len = min(self.capacity_tokens, model.config.max_position_embeddings)
         self.block_manager = BlockManager(self.capacity_tokens // config.block_size, config.block_size, config.prefix_caching)
-        self.kv = KVCache(model.config, self.capacity_tokens, self.device, dtype)
-        self.block_tables = BlockTables(config.max_num_seqs, -(-self.max_model_len // config.block_size))
+        graphs = graphs_enabled(config, self.device)
+        # with graphs, one block more than the manager hands out: the decode graphs' padding writes there
+        self.kv = KVCache(model.config, self.capacity_tokens + (config.block_size if graphs else 0), self.device, dtype)
+        max_blocks = -(-self.max_model_len // config.block_size)
+        self.block_tables = BlockTables(config.max_num_seqs, max_blocks)
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_batched_tokens, config.max_num_seqs, config.max_loras, config.overtake_limit_s
         )
         self.adapters = AdapterManager(
             lora_slots, model.config, config.adapter_root, config.max_cpu_loras, self.scheduler.running_adapter_ids
         )
+        self.decode_graphs = DecodeGraphs(
+            self.model, self.kv,
+            StaticDecodeBatch(config.max_num_seqs, max_blocks, self.block_manager.num_blocks, config.block_size, self.device),
+            capture_sizes(config.max_num_seqs),
+        ) if graphs else None
         self.output_processor = OutputProcessor(self.tokenizer)
         self._sequences: dict[str, Sequence] = {}
         self._generators: dict[str, torch.Generator] = {}
@@ -200,11 +209,13 @@ class LLMEngine:
         for seq in batch.preempted:
             self.block_tables.remove(seq.request_id)
         try:
-            forward = build_forward_batch(batch.items, self.block_tables, self.config.block_size, self.device)
+            host = host_batch(batch.items, self.block_tables, self.config.block_size)
             if self.before_forward is not None:
                 self.before_forward(batch)
             with torch.inference_mode():
-                logits = self.model.forward(forward, self.kv)
+                logits = self.decode_graphs.run(host) if self.decode_graphs is not None else None
+                if logits is None:
+                    logits = self.model.forward(to_device(host, self.config.block_size, self.device), self.kv)
             items = []
             for seq, n in batch.items:
                 prefill = seq.num_computed_tokens < len(seq.prompt_token_ids)
@@ -213,8 +224,8 @@ class LLMEngine:
                 items.append((seq.request_id, n, prefill))
             sampled = sample(
                 logits,
-                [seq.sampling for seq in forward.sampled],
-                [self._generators[seq.request_id] for seq in forward.sampled],
+                [seq.sampling for seq in host.sampled],
+                [self._generators[seq.request_id] for seq in host.sampled],
             )
         except Exception as exc:  # a failed step fails its requests, never the engine
             log.exception("engine step failed; failing its %d requests", len(batch.items))
@@ -224,7 +235,7 @@ class LLMEngine:
         self.last_forward_failed = False
         self.last_step = StepRecord(started_ns, time.time_ns(), tuple(items))
         token_time = time.monotonic()
-        for seq, token in zip(forward.sampled, sampled):
+        for seq, token in zip(host.sampled, sampled):
             if seq.first_token_time is None:
                 seq.first_token_time = token_time
             seq.output_token_ids.append(token.token_id)

@@ -83,7 +83,32 @@ class ForwardBatch:
 GROUP_LENGTH_RATIO = 0.75
 
 
-def build_forward_batch(items: list[tuple[Sequence, int]], tables: BlockTables, block_size: int, device) -> ForwardBatch:
+@dataclass
+class HostBatch:
+    """A step's inputs as host arrays (see ForwardBatch), before they go to the device: eagerly
+    (`to_device`) or into a captured decode graph's static inputs (engine/decode_graphs.py)."""
+
+    input_ids: np.ndarray  # [T] int64
+    positions: np.ndarray  # [T] int64
+    slot_mapping: np.ndarray  # [T] int64
+    query_start: np.ndarray  # [S + 1] int32
+    seq_lens: np.ndarray  # [S] int32
+    block_tables: np.ndarray  # [S, max blocks of the batch] int32
+    logits_rows: np.ndarray  # [R] int64
+    sampled: list[Sequence]
+    lora_slots: np.ndarray  # [T] each token's adapter slot
+
+    @property
+    def decodes_only(self) -> bool:
+        """One new token for every sequence, each sampled: a decode step."""
+        return len(self.sampled) == len(self.seq_lens) == len(self.input_ids)
+
+    @property
+    def uses_lora(self) -> bool:
+        return bool((self.lora_slots != BASE_SLOT).any())
+
+
+def host_batch(items: list[tuple[Sequence, int]], tables: BlockTables, block_size: int) -> HostBatch:
     input_ids: list[int] = []
     rows, starts, counts, lora_slots = [], [], [], []
     logits_rows, sampled = [], []
@@ -100,29 +125,38 @@ def build_forward_batch(items: list[tuple[Sequence, int]], tables: BlockTables, 
     counts_np, starts_np = np.array(counts), np.array(starts)
     query_start = np.zeros(len(items) + 1, dtype=np.int32)
     np.cumsum(counts_np, out=query_start[1:])
-    seq_lens = starts_np + counts_np
+    seq_lens = (starts_np + counts_np).astype(np.int32)
     positions = np.arange(query_start[-1]) - np.repeat(query_start[:-1] - starts_np, counts_np)
     token_rows = np.repeat(rows, counts_np)
     slot_mapping = tables.table[token_rows, positions // block_size].astype(np.int64) * block_size + positions % block_size
     max_blocks = int(-(-seq_lens.max() // block_size))
-    block_tables = tables.table[rows, :max_blocks]
-
-    def tensor(array, dtype=None) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(device=device, dtype=dtype, non_blocking=True)
-
-    token_slots = np.repeat(lora_slots, counts_np)
-    return ForwardBatch(
-        input_ids=torch.tensor(input_ids, dtype=torch.long).to(device, non_blocking=True),
-        positions=tensor(positions, torch.long),
-        slot_mapping=tensor(slot_mapping),
-        query_start=tensor(query_start),
-        seq_lens=tensor(seq_lens, torch.int32),
-        block_tables=tensor(block_tables),
-        logits_rows=torch.tensor(logits_rows, dtype=torch.long).to(device, non_blocking=True),
-        sampled=sampled,
-        block_size=block_size,
-        lora=build_lora_batch(token_slots.tolist(), device) if (token_slots != BASE_SLOT).any() else None,
+    return HostBatch(
+        input_ids=np.array(input_ids, dtype=np.int64), positions=positions.astype(np.int64), slot_mapping=slot_mapping,
+        query_start=query_start, seq_lens=seq_lens, block_tables=tables.table[rows, :max_blocks],
+        logits_rows=np.array(logits_rows, dtype=np.int64), sampled=sampled, lora_slots=np.repeat(lora_slots, counts_np),
     )
+
+
+def to_device(host: HostBatch, block_size: int, device) -> ForwardBatch:
+    def tensor(array) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
+
+    return ForwardBatch(
+        input_ids=tensor(host.input_ids),
+        positions=tensor(host.positions),
+        slot_mapping=tensor(host.slot_mapping),
+        query_start=tensor(host.query_start),
+        seq_lens=tensor(host.seq_lens),
+        block_tables=tensor(host.block_tables),
+        logits_rows=tensor(host.logits_rows),
+        sampled=host.sampled,
+        block_size=block_size,
+        lora=build_lora_batch(host.lora_slots.tolist(), device) if host.uses_lora else None,
+    )
+
+
+def build_forward_batch(items: list[tuple[Sequence, int]], tables: BlockTables, block_size: int, device) -> ForwardBatch:
+    return to_device(host_batch(items, tables, block_size), block_size, device)
 
 
 def _similar_lengths(indices: np.ndarray, seq_lens: np.ndarray) -> list[np.ndarray]:

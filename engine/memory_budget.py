@@ -8,6 +8,7 @@ import torch
 from engine.base.config import EngineConfig
 from engine.base.model_config import ModelConfig
 from engine.chunk_choice import AUTO, auto_max_chunk_per_gpu
+from engine.decode_graphs import graphs_enabled
 from engine.hardware import GIB, largest_max_chunk_per_gpu, resolve_max_chunk_per_gpu
 from engine.kv_cache import kv_bytes_per_token
 
@@ -35,20 +36,25 @@ def memory_budget_bytes(config: EngineConfig, device: torch.device) -> int:
     return int(config.cpu_memory_budget_gib * GIB)
 
 
-def activation_reserve_bytes(config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype) -> int:
+def activation_reserve_bytes(config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype, graphs: bool = False) -> int:
     # the widest intermediates of one step: the MLP's gate/up rows for the whole token budget,
     # the attention scores of one prefill slice against the longest context, and the logits.
+    # Decode graphs (engine/decode_graphs.py) keep a pool of their own, a decode step's at
+    # max_num_seqs rows, and a scratch KV block.
     c = model_config
     mlp = config.max_num_batched_tokens * (3 * c.intermediate_size + 4 * c.hidden_size) * dtype.itemsize
     scores = config.max_num_batched_tokens * c.max_position_embeddings * c.num_heads * 4
     logits = config.max_num_seqs * c.vocab_size * 4
-    return mlp + min(scores, GIB) + logits
+    graph_pool = config.max_num_seqs * (3 * c.intermediate_size + 4 * c.hidden_size) * dtype.itemsize + logits
+    scratch_block = config.block_size * kv_bytes_per_token(c, dtype)
+    return mlp + min(scores, GIB) + logits + (graph_pool + scratch_block if graphs else 0)
 
 
 def memory_plan(
     config: EngineConfig, model_config: ModelConfig, device: torch.device, dtype: torch.dtype, weight_bytes: int
 ) -> MemoryPlan:
-    return MemoryPlan(memory_budget_bytes(config, device), weight_bytes, activation_reserve_bytes(config, model_config, dtype),
+    reserve = activation_reserve_bytes(config, model_config, dtype, graphs_enabled(config, device))
+    return MemoryPlan(memory_budget_bytes(config, device), weight_bytes, reserve,
                       config.chunk_size * kv_bytes_per_token(model_config, dtype))
 
 

@@ -89,6 +89,8 @@ def engine_args(spec: EnginePoolSpec, pool_name: str, release: str) -> list[str]
             args += [flag, str(value)]
     if not spec.prefix_caching:
         args.append("--no-prefix-caching")
+    if not spec.cuda_graphs:
+        args.append("--no-cuda-graphs")
     if spec.lora is not None:  # with Redis, the engine then loads the versions the rollout state names
         args += ["--max-loras", str(spec.lora.max_loras), "--max-cpu-loras", str(spec.lora.max_cpu_loras),
                  "--max-lora-rank", str(spec.lora.max_lora_rank), "--lora-kernel", spec.lora.kernel,

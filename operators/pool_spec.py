@@ -79,6 +79,7 @@ class EnginePoolSpec:
     gpu_memory_utilization: float | None = None
     overtake_limit_s: float | None = None  # 0: first come, first served
     prefix_caching: bool = True
+    cuda_graphs: bool = True  # `k25 engine --no-cuda-graphs` when false
     drain_timeout_s: int = 25  # on SIGTERM, running requests get this long to finish
     model_sha256: dict[str, str] = field(default_factory=dict)  # file -> the sha256 the engine checks
 
@@ -134,6 +135,7 @@ def parse_pool_spec(spec: dict) -> EnginePoolSpec:
         gpu_memory_utilization=_optional_fraction(spec, "gpuMemoryUtilization"),
         overtake_limit_s=_optional_seconds(spec, "overtakeLimitS"),
         prefix_caching=_boolean(spec, "prefixCaching", True),
+        cuda_graphs=_boolean(spec, "cudaGraphs", True),
         drain_timeout_s=_integer(spec, "drainTimeoutSeconds", 25, least=0, most=MAX_DRAIN_TIMEOUT_S),
         model_sha256=_model_sha256(spec.get("modelSha256") or {}),
     )

@@ -23,6 +23,7 @@ class EngineConfig:
     quant: str | None = None  # weight widths per layer type (common/quant_spec.py); None: unquantised
     cpu_memory_budget_gib: float = 2.0  # what weights + KV may use when device is cpu
     gpu_memory_utilization: float = 0.90  # fraction of GPU memory weights + KV may use
+    cuda_graphs: bool = True  # decode steps replay captured CUDA graphs (engine/decode_graphs.py); no effect off CUDA
     # LoRA adapters (engine/lora/)
     max_loras: int = 0  # adapters on the device at once; 0 turns adapters off
     max_cpu_loras: int = 8  # adapters whose weights stay in CPU memory (at least max_loras)

@@ -35,6 +35,10 @@ def add_engine_settings(parser: argparse.ArgumentParser) -> None:
                        f"served again; 0: first come, first served (default {DEFAULT_OVERTAKE_LIMIT_S:g})")
     group.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                        help="reuse the KV of full blocks whose prompt prefix was computed before (default on)")
+    group.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                       help="on CUDA, decode steps of up to --max-num-seqs sequences replay CUDA graphs captured at "
+                       "start (one launch a step instead of one a kernel); --no-cuda-graphs runs every step eagerly "
+                       "(default on; no effect off CUDA)")
     group.add_argument("--gpu-memory-utilization", type=float, default=0.90,
                        help="fraction of GPU memory that weights and KV cache may use (default 0.90)")
     group.add_argument("--cpu-threads", type=cpu_threads_flag, default="auto", metavar="N|auto",
@@ -123,6 +127,6 @@ def load_for_engine(args: argparse.Namespace, **config_fields):
         device=args.device, dtype=choice.name, quant=str(quant) if quant.quantized else None,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs, overtake_limit_s=args.overtake_limit_s, gpu_memory_utilization=args.gpu_memory_utilization,
-        prefix_caching=args.prefix_caching, **config_fields,
+        prefix_caching=args.prefix_caching, cuda_graphs=args.cuda_graphs, **config_fields,
     )
     return model, config

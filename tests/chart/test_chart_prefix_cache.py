@@ -1,5 +1,6 @@
 """Prefix caching through the chart: a pool's `prefixCaching: false` reaches its engines as
-`--no-prefix-caching` (valid against the CRD), and the gateway's routing-index bound and
+`--no-prefix-caching` (valid against the CRD; so does `cudaGraphs: false`, as
+`--no-cuda-graphs`), and the gateway's routing-index bound and
 tenant sharing reach `k25 gateway` as its parser reads them."""
 
 import yaml
@@ -28,7 +29,7 @@ def test_a_pool_that_turns_caching_off_and_a_gateway_that_shares(tmp_path):
     objects = rendered_with(yaml.safe_dump({
         "gateway": {"prefixIndexMaxBlocks": 1000, "sharePrefixCacheAcrossTenants": True},
         "engine": {"pools": [{"name": "cpu", "nodeType": "CPU", "chunkSize": 256, "maxChunkPerGpu": 4, "gpusPerReplica": 0,
-                              "prefixCaching": False}]},
+                              "prefixCaching": False, "cudaGraphs": False}]},
     }), tmp_path)
     args = gateway_args(objects)
     assert (args.prefix_index_max_blocks, args.share_prefix_cache_across_tenants) == (1000, True)
@@ -38,4 +39,4 @@ def test_a_pool_that_turns_caching_off_and_a_gateway_that_shares(tmp_path):
     assert custom_resource_errors(pool, crd_for(pool, crds)) == []
     # the operator turns the spec into the engine's command line
     engine = build_parser().parse_args(engine_args(parse_pool_spec(pool["spec"]), "cpu", RELEASE)[1:])
-    assert engine.prefix_caching is False
+    assert (engine.prefix_caching, engine.cuda_graphs) == (False, False)

@@ -141,6 +141,13 @@ def test_compute_settings_are_optional_and_reach_the_operator_as_written():
     assert api_server_accepts({**VALID, "dtype": "float16"}) == []
 
 
+def test_cuda_graphs_default_to_on_and_a_pool_may_turn_them_off():
+    assert parse_pool_spec(with_defaults(SPEC_SCHEMA, VALID)).cuda_graphs is True
+    assert api_server_accepts({**VALID, "cudaGraphs": False}) == []
+    assert parse_pool_spec(with_defaults(SPEC_SCHEMA, {**VALID, "cudaGraphs": False})).cuda_graphs is False
+    assert api_server_accepts({**VALID, "cudaGraphs": "off"}) != []
+
+
 def test_drain_timeout_defaults_to_25_seconds_and_model_digests_are_optional():
     spec = with_defaults(SPEC_SCHEMA, VALID)
     assert spec["drainTimeoutSeconds"] == 25 and "modelSha256" not in spec

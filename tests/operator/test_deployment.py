@@ -282,6 +282,12 @@ def test_prefix_caching_is_on_unless_the_pool_turns_it_off():
     assert (on.prefix_caching, off.prefix_caching) == (True, False)
 
 
+def test_cuda_graphs_are_on_unless_the_pool_turns_them_off():
+    on = build_parser().parse_args(manifest()["spec"]["template"]["spec"]["containers"][0]["args"][1:])
+    off = build_parser().parse_args(manifest(cudaGraphs=False)["spec"]["template"]["spec"]["containers"][0]["args"][1:])
+    assert (on.cuda_graphs, off.cuda_graphs) == (True, False)
+
+
 def test_a_cpu_pool_gets_its_dtype_on_the_cpu():
     args = manifest(nodeType="CPU", maxChunkPerGpu=1, dtype="float32")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--device"):args.index("--device") + 2] == ["--device", "cpu"]

@@ -179,6 +179,7 @@ def test_the_dtypes_are_the_ones_k25_engine_takes():
     ({"overtakeLimitS": float("nan")}, "spec.overtakeLimitS must be a number of seconds, 0 or more, got nan"),
     ({"overtakeLimitS": float("inf")}, "spec.overtakeLimitS must be a number of seconds, 0 or more, got inf"),
     ({"prefixCaching": "no"}, "spec.prefixCaching must be true or false, got 'no'"),
+    ({"cudaGraphs": 0}, "spec.cudaGraphs must be true or false, got 0"),
 ])
 def test_bad_compute_settings_say_which_field(bad, message):
     with pytest.raises(PoolSpecError, match=message):
