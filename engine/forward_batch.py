@@ -138,8 +138,12 @@ def host_batch(items: list[tuple[Sequence, int]], tables: BlockTables, block_siz
 
 
 def to_device(host: HostBatch, block_size: int, device) -> ForwardBatch:
+    pinned = torch.device(device).type == "cuda"
+
     def tensor(array) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
+        """On CUDA through pinned memory (torch's caching host allocator), so the copy is asynchronous."""
+        t = torch.from_numpy(np.ascontiguousarray(array))
+        return (t.pin_memory() if pinned else t).to(device, non_blocking=True)
 
     return ForwardBatch(
         input_ids=tensor(host.input_ids),
