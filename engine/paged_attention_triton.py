@@ -25,9 +25,9 @@ whole context alone: a handful of a GPU's ~100 SMs busy, for the longest context
 When the grid has fewer programs than the device has SMs (`segments_for`), each tile's keys
 are cut into `segments` runs of whole key tiles, one program each, which store their
 unnormalised p.v with their running max and sum; `_merge_segments` rescales the runs to one
-max and divides once. A row that sees no key of its run keeps max -inf and sum 0 (the
-rescale guards against -inf - -inf), and every row sees key 0, in run 0, so the merged max is
-finite.
+max and divides once. A row sees a prefix of a run's keys; one that sees none stores max -inf
+and sum 0 (the rescale guards against -inf - -inf on its way), and every row sees key 0, in
+run 0, so the merged max is finite.
 
 Launch shapes (`launch_meta`): a program takes BLOCK_M (query row, head) pairs against TILE_N
 keys at a time (32; 16 at head_dim 256). 16-bit inputs multiply on the tensor cores: 16 rows
@@ -150,7 +150,7 @@ def _paged_attention_kernel(
     if SEGMENTED:  # [T, num_heads, segments] (and head_dim), merged by _merge_segments
         part = (token * num_heads + head) * tl.num_programs(2) + tl.program_id(2)
         tl.store(part_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=row_mask[:, None])
-        tl.store(part_max_ptr + part, m_i, mask=row_mask)
+        tl.store(part_max_ptr + part, tl.where(l_i > 0, m_i, float("-inf")), mask=row_mask)  # no key: the guard's 0
         tl.store(part_sum_ptr + part, l_i, mask=row_mask)
     else:
         out = acc / l_i[:, None]

@@ -81,6 +81,18 @@ def test_keys_split_into_runs_match_the_reference(kernel, dtype, segments):
     assert_matches_reference(kernel(*args, segments=segments), args, dtype, segments)
 
 
+def test_runs_a_row_sees_nothing_of_do_not_set_its_merged_max(kernel):
+    """Every score of every row near -200 (nats): the max of a run that a prefill row sees no key
+    of must not count in the merge, where it would outweigh the runs the row does see so far
+    that their weights underflow to 0 (NaN out)."""
+    args = paged_batch(MIXED, 3, 64, 16, torch.float32, seed=5, device=DEVICE)
+    q, k_cache = args[0], args[1]
+    direction = torch.full((64,), 1 / 8, device=DEVICE)  # unit length
+    k_cache.copy_(torch.where(k_cache.isnan(), k_cache, direction))  # the slots no sequence owns stay NaN
+    q.copy_(-1600 * direction.expand_as(q))  # q.k = -1600, scaled by 64 ** -0.5: -200
+    assert_matches_reference(kernel(*args, segments=3), args, torch.float32, 3)
+
+
 @pytest.mark.slow
 def test_long_decodes_split_into_runs_match_the_reference(kernel):
     """What split keys are for: a few decodes of long contexts."""
