@@ -120,7 +120,8 @@ class DecodeGraphs:
                 for size in reversed(sizes):
                     self._capture(model, kv, size, pool)
         except Exception as exc:
-            raise EngineConfigError(f"capturing the decode graph of batch size {size} failed ({exc}); "
+            what = "the decode graphs" if size is None else f"the decode graph of batch size {size}"
+            raise EngineConfigError(f"capturing {what} failed ({exc}); "
                                     "start the engine with --no-cuda-graphs to run every step eagerly") from exc
         log.info("captured decode graphs for batch sizes %s in %.1f s", sizes, time.monotonic() - started)
 
