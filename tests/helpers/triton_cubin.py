@@ -23,12 +23,11 @@ from concurrent.futures import ProcessPoolExecutor
 
 
 def compile_job(job: dict) -> dict:
+    import torch
     import triton
     from triton import knobs
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-
-    import torch
 
     kernel, meta_function = (getattr(importlib.import_module(module), name)
                              for module, name in (job[key].split(":") for key in ("kernel", "meta")))
