@@ -4,15 +4,16 @@ A reader task reads the engine's frames, each an EngineBatch (every message of o
 step for this gateway's requests), and hands each EngineMessage in it, in order, to the
 stream of its request_id; a frame it cannot read is logged and dropped. The socket's
 monitor tells when the engine's connection drops (the process died, or ZMQ's own
-heartbeat found it hung): once the frames already received are handed over, every stream
-still open on it gets ENGINE_GONE, so no request waits forever on an engine that is not
-there. Sends never block: with ZMQ_IMMEDIATE a
+heartbeat found it hung): once the frames already received are handed over (and those that
+come within DISCONNECT_GRACE_S while a request has no answer yet), every stream still open on
+it gets ENGINE_GONE, so no request waits forever on an engine that is not there. Sends never block: with ZMQ_IMMEDIATE a
 message is only queued on a live connection, and a full queue is a refusal the caller
 can take elsewhere.
 """
 
 import asyncio
 import logging
+import time
 
 import zmq
 import zmq.asyncio
@@ -25,6 +26,11 @@ log = logging.getLogger(__name__)
 
 # put on a stream when the engine's connection drops
 ENGINE_GONE = object()
+# after a drop, how long frames of the closed connection may still arrive while a request is
+# unanswered: ZMQ reports the drop on the monitor's pipe, which can overtake the data's (seen
+# once: a drained engine's last answer arrived after its disconnect, and the stream ended
+# engine_lost); a dead engine's requests fail this much later
+DISCONNECT_GRACE_S = 1.0
 
 
 class EngineUnavailable(Exception):
@@ -39,6 +45,7 @@ class EngineStream:
         self.request_id = request_id
         self.queue: asyncio.Queue = asyncio.Queue()
         self.finished = False  # a Final or Error arrived, or the engine went away
+        self.answered = False  # a Final or Error is in the queue
 
     async def next(self, timeout_s: float | None):
         # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the item and drops a
@@ -117,9 +124,8 @@ class EngineConnection:
 
     async def _pump(self) -> None:
         """One task reads both the engine's frames and the monitor's events, frames first: an
-        engine that finishes its last answers and then closes (a drain) has those frames in
-        the socket before its disconnect is seen, and they must reach their streams before
-        ENGINE_GONE does."""
+        engine that finishes its last answers and then closes (a drain) sends those frames
+        before its disconnect, and they must reach their streams before ENGINE_GONE does."""
         frame = event = None
         try:
             while True:
@@ -130,12 +136,27 @@ class EngineConnection:
                     self._deliver_frame(frame.result())
                     frame = None
                     continue
-                self._handle_event(parse_monitor_message(event.result()))
+                parsed = parse_monitor_message(event.result())
                 event = None
+                if parsed["event"] == zmq.EVENT_DISCONNECTED:
+                    frame = await self._frames_after_the_drop(frame)
+                self._handle_event(parsed)
         finally:
             for pending in (frame, event):
                 if pending is not None:
                     pending.cancel()
+
+    async def _frames_after_the_drop(self, frame: asyncio.Future) -> asyncio.Future:
+        """Deliver the frames that come within DISCONNECT_GRACE_S while some open request has
+        no answer yet; returns the read still pending."""
+        deadline = time.monotonic() + DISCONNECT_GRACE_S
+        while any(not stream.answered for stream in self.streams.values()):
+            done, _ = await asyncio.wait((frame,), timeout=deadline - time.monotonic())
+            if not done:
+                break
+            self._deliver_frame(frame.result())
+            frame = self.socket.recv()
+        return frame
 
     def _deliver_frame(self, payload: bytes) -> None:
         batch = k25_pb2.EngineBatch()
@@ -165,6 +186,7 @@ class EngineConnection:
         stream = self.streams.get(request_id)
         if stream is not None:
             stream.queue.put_nowait(message)
+            stream.answered = stream.answered or kind in ("final", "error")
         elif kind == "error" and not request_id:
             log.warning("engine %s: %s", self.address, message.error.message)
 
