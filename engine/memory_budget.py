@@ -42,12 +42,15 @@ def activation_reserve_bytes(config: EngineConfig, model_config: ModelConfig, dt
     # Decode graphs (engine/decode_graphs.py) keep a pool of their own, a decode step's at
     # max_num_seqs rows, and a scratch KV block.
     c = model_config
-    mlp = config.max_num_batched_tokens * (3 * c.intermediate_size + 4 * c.hidden_size) * dtype.itemsize
+
+    def mlp_bytes(rows: int) -> int:
+        return rows * (3 * c.intermediate_size + 4 * c.hidden_size) * dtype.itemsize
+
     scores = config.max_num_batched_tokens * c.max_position_embeddings * c.num_heads * 4
     logits = config.max_num_seqs * c.vocab_size * 4
-    graph_pool = config.max_num_seqs * (3 * c.intermediate_size + 4 * c.hidden_size) * dtype.itemsize + logits
+    graph_pool = mlp_bytes(config.max_num_seqs) + logits
     scratch_block = config.block_size * kv_bytes_per_token(c, dtype)
-    return mlp + min(scores, GIB) + logits + (graph_pool + scratch_block if graphs else 0)
+    return mlp_bytes(config.max_num_batched_tokens) + min(scores, GIB) + logits + (graph_pool + scratch_block if graphs else 0)
 
 
 def memory_plan(
