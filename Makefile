@@ -57,8 +57,8 @@ chart-crds:
 # the CPU kernels (attention, fused layer steps), compiled once for this machine (into torch's extension cache,
 # ~/.cache/torch_extensions) before any engine starts, rather than by several at once
 KERNELS := $(VENV)/.kernels
-$(KERNELS): $(STAMP) $(wildcard engine/csrc/*.cpp engine/csrc/*.h) engine/cpu_kernels.py
-	$(BIN)/python -c "from engine.cpu_kernels import cpu_kernel; assert cpu_kernel(), 'the CPU kernels did not build'"
+$(KERNELS): $(STAMP) $(wildcard engine/kernels/csrc/*.cpp engine/kernels/csrc/*.h) engine/kernels/cpu_build.py
+	$(BIN)/python -c "from engine.kernels.cpu_build import cpu_kernel; assert cpu_kernel(), 'the CPU kernels did not build'"
 	touch $(KERNELS)
 
 run: need-redis-server $(STAMP) $(KERNELS)

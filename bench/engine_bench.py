@@ -13,13 +13,13 @@ import torch
 from tqdm import tqdm
 
 from bench.quant_bytes import decode_weight_bytes
+from engine.attention.kv_cache import kv_bytes_per_token
 from engine.base.config import EngineConfig
-from engine.engine import LLMEngine
-from engine.kv_cache import kv_bytes_per_token
-from engine.loader import LoadedModel
-from engine.model import LlamaModel
+from engine.core.sampling_params import SamplingParams
+from engine.llm_engine import LLMEngine
+from engine.model.llama import LlamaModel
+from engine.model.loader import LoadedModel
 from engine.offline import generate, make_request
-from engine.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -88,14 +88,14 @@ def decode_step_seconds(model: LoadedModel, config: EngineConfig, context: int, 
     for b in range(batch):
         prompt = [low + (i + 7 * b) % 1000 for i in range(context)]
         engine.add_request(make_request(engine, prompt, SamplingParams(max_tokens=steps + 2, ignore_eos=True)))
-    while len(engine.step()) < batch:  # prefills, until a step gives every request a token
+    while len(engine.step().outputs) < batch:  # prefills, until a step gives every request a token
         pass
     times = []
     for _ in range(steps):
         start = time.perf_counter()
         engine.step()
         times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2], decode_bytes_read(engine.model, context + steps // 2)
+    return sorted(times)[len(times) // 2], decode_bytes_read(engine.runner.model, context + steps // 2)
 
 
 def run_engine(model: LoadedModel, workload: Workload, config: EngineConfig) -> float:
@@ -220,7 +220,7 @@ def bench_engine(model: LoadedModel, workload: Workload, config: EngineConfig, r
 
 _TIME_OUR_LOAD = """
 import time; t = time.perf_counter()
-from engine.loader import load_model; load_model({model!r})
+from engine.model.loader import load_model; load_model({model!r})
 print(time.perf_counter() - t)
 """
 

@@ -5,10 +5,10 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from engine.engine import LLMEngine
+from engine.core.sampling_params import SamplingParams
+from engine.llm_engine import LLMEngine
 from engine.lora.adapter import AdapterRef
 from engine.offline import make_request
-from engine.sampling_params import SamplingParams
 
 
 @dataclass

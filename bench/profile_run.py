@@ -1,6 +1,6 @@
 """`k25 bench profile`: the memory the engine's start-time check counts on this device, then
 the real engine (in process) run on one workload at each candidate `max_chunk_per_gpu`, and the
-value engine/chunk_choice.py recommends from the measured curve."""
+value engine/hardware/chunk_choice.py recommends from the measured curve."""
 
 import time
 from collections import deque
@@ -13,12 +13,12 @@ from bench.profile_workload import ProfileRequest
 from bench.serve_stats import percentile
 from engine.base.config import EngineConfig
 from engine.base.errors import EngineError, ErrorCode
-from engine.chunk_choice import ChunkChoice, CurvePoint, recommend
-from engine.engine import LLMEngine
-from engine.loader import LoadedModel
-from engine.memory_budget import MemoryPlan, memory_plan
+from engine.core.sampling_params import SamplingParams
+from engine.hardware.chunk_choice import ChunkChoice, CurvePoint, recommend
+from engine.llm_engine import LLMEngine
+from engine.model.loader import LoadedModel
 from engine.offline import make_request
-from engine.sampling_params import SamplingParams
+from engine.runner.memory_budget import MemoryPlan, memory_plan
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class ProfileResult:
 def engine_memory(model: LoadedModel, config: EngineConfig) -> MemoryPlan:
     """What the engine counts at start, read off an engine built with one chunk of KV."""
     engine = LLMEngine(model, replace(config, max_chunk_per_gpu=1))
-    return memory_plan(config, model.config, engine.device, getattr(torch, config.dtype), engine.model.weight_bytes)
+    return memory_plan(config, model.config, engine.runner.device, getattr(torch, config.dtype), engine.runner.model.weight_bytes)
 
 
 def run_once(model: LoadedModel, config: EngineConfig, requests: list[ProfileRequest],
@@ -79,7 +79,7 @@ def run_once(model: LoadedModel, config: EngineConfig, requests: list[ProfileReq
                 break
             waiting.popleft()
         if engine.has_unfinished():
-            for out in engine.step():
+            for out in engine.step().outputs:
                 generated += len(out.token_ids)
                 if out.finished:
                     finish[out.request_id] = time.perf_counter() - start

@@ -15,8 +15,8 @@ from bench.quant_kl import Divergence, divergence, teacher_forced_logprobs
 from common.quant_spec import INT4_GROUP_SIZES, LAYER_TYPES, NO_QUANT, PRESETS, LayerQuant, QuantSpec, parse_quant_spec
 from engine.base.config import EngineConfig
 from engine.base.errors import EngineConfigError
-from engine.loader import LoadedModel
-from engine.model import LlamaModel
+from engine.model.llama import LlamaModel
+from engine.model.loader import LoadedModel
 from engine.quant.check import check_quant
 
 # the default text set: the repository's contract fixtures, English and Chinese

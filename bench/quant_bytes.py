@@ -3,7 +3,7 @@ quantised or packed), the head once plus the rows its best logits are computed a
 one embedding row a token, the norms. Embeddings are only gathered, so their width saves
 memory, not reads."""
 
-from engine.model import REFINED_LOGITS, LlamaModel
+from engine.model.llama import REFINED_LOGITS, LlamaModel
 
 
 def _row_bytes(rows) -> int:

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.block_tables import BlockTables
-from engine.forward_batch import build_forward_batch
-from engine.kv_cache import KVCache
-from engine.model import LlamaModel
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from engine.attention.kv_cache import KVCache
+from engine.core.sampling_params import SamplingParams
+from engine.core.sequence import Sequence
+from engine.model.llama import LlamaModel
+from engine.runner.block_tables import BlockTables
+from engine.runner.forward_batch import build_forward_batch
 
 BLOCK_SIZE = 16
 SLICE_TOKENS = 64  # fed a slice at a time, every position's logits kept

@@ -5,10 +5,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from common.padding import pad_to_chunk_size
-from engine.engine import LLMEngine
-from engine.request import EngineRequest, RequestOutput
-from engine.sampling_params import SamplingParams
-from engine.sequence import FinishReason
+from engine.core.request import EngineRequest, RequestOutput
+from engine.core.sampling_params import SamplingParams
+from engine.core.sequence import FinishReason
+from engine.llm_engine import LLMEngine
 
 _ids = itertools.count()
 
@@ -59,7 +59,7 @@ def generate(
         engine.add_request(request)
     unfinished = len(requests)
     while unfinished:
-        outputs = engine.step()
+        outputs = engine.step().outputs
         collect(completions, outputs)
         for out in outputs:
             if out.finished:
@@ -74,7 +74,7 @@ def stream(engine: LLMEngine, prompt_token_ids: list[int], sampling: SamplingPar
     request = make_request(engine, prompt_token_ids, sampling)
     engine.add_request(request)
     while True:
-        for out in engine.step():
+        for out in engine.step().outputs:
             if out.request_id == request.request_id:
                 yield out
                 if out.finished:

@@ -12,7 +12,7 @@ from operators.predictive_policy import PredictiveRules
 # KV chunks per GPU by node type (DESIGN.md, Capacity); None: the engine takes as many as fit
 MAX_CHUNK_PER_GPU = {"A100-40G": 2, "A100-80G": 4, "H100-80G": 8, "H200": None, "CPU": None}
 # maxChunkPerGpu auto: the engine computes it at start from what fits and expectedChunksPerRequest
-# (engine/chunk_choice.py); `k25 bench profile` measures a value to paste instead
+# (engine/hardware/chunk_choice.py); `k25 bench profile` measures a value to paste instead
 AUTO = "auto"
 GPU_TAINT_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 LORA_KERNELS = ("torch", "triton")
@@ -54,7 +54,7 @@ class EnginePoolSpec:
     node_type: str
     model: str
     chunk_size: int
-    max_chunk_per_gpu: int | str | None  # "auto": the engine computes it at start (engine/chunk_choice.py)
+    max_chunk_per_gpu: int | str | None  # "auto": the engine computes it at start (engine/hardware/chunk_choice.py)
     image: str = "k25:latest"
     gpus_per_replica: int = 1
     node_selector: dict[str, str] = field(default_factory=dict)

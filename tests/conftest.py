@@ -12,14 +12,14 @@ def smollm2_gguf() -> str:
 @pytest.fixture(scope="session")
 def smollm2():
     """SmolLM2-135M-Instruct through the engine's own loader, shared by every test."""
-    from engine.loader import load_model
+    from engine.model.loader import load_model
 
     return load_model("smollm2-135m")
 
 
 @pytest.fixture(scope="session")
 def tiny_model():
-    from engine.loader import load_model
+    from engine.model.loader import load_model
 
     return load_model("tiny-random")
 

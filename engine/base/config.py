@@ -6,7 +6,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class EngineConfig:
     chunk_size: int = 256
-    max_chunk_per_gpu: int | str | None = None  # None: the node type's default (see engine.hardware); "auto": engine.chunk_choice
+    max_chunk_per_gpu: int | str | None = None  # None: the node type's default (see engine.hardware.profiles); "auto": engine.hardware.chunk_choice
     expected_chunks_per_request: int = 1  # for max_chunk_per_gpu "auto": KV chunks a request holds (prompt + output)
     node_type: str = "cpu"
     block_size: int = 16  # tokens per KV block
@@ -15,7 +15,7 @@ class EngineConfig:
     max_num_seqs: int = 128  # running sequences at once
     max_waiting: int = 1024  # queued requests beyond which new ones get RESOURCE_EXHAUSTED
     # a waiting request may be overtaken by ones with fewer prompt tokens left to compute for
-    # this long (engine/admission_order.py); 0: first come, first served
+    # this long (engine/core/admission_order.py); 0: first come, first served
     overtake_limit_s: float = 5.0  # k25 engine --overtake-limit-s
     kv_admission_limit: float = 0.92  # KV use above which new requests get RESOURCE_EXHAUSTED
     device: str = "cpu"
@@ -23,7 +23,7 @@ class EngineConfig:
     quant: str | None = None  # weight widths per layer type (common/quant_spec.py); None: unquantised
     cpu_memory_budget_gib: float = 2.0  # what weights + KV may use when device is cpu
     gpu_memory_utilization: float = 0.90  # fraction of GPU memory weights + KV may use
-    cuda_graphs: bool = True  # decode steps replay captured CUDA graphs (engine/decode_graphs.py); no effect off CUDA
+    cuda_graphs: bool = True  # decode steps replay captured CUDA graphs (engine/runner/decode_graphs.py); no effect off CUDA
     # LoRA adapters (engine/lora/)
     max_loras: int = 0  # adapters on the device at once; 0 turns adapters off
     max_cpu_loras: int = 8  # adapters whose weights stay in CPU memory (at least max_loras)

@@ -2,10 +2,14 @@
 
 import itertools
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from engine.base.errors import EngineError, ErrorCode
+
+if TYPE_CHECKING:  # the matrices are tensors; naming what an adapter is needs no torch
+    import torch
+
+BASE_SLOT = -1  # the adapter slot of tokens of requests for the base model
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,7 @@ class AdapterWeights:
     rank: int
     scaling: float  # lora_alpha / rank, or lora_alpha / sqrt(rank) with rsLoRA
     # (layer, PEFT module name) -> (A [rank, in_features], B [out_features, rank])
-    matrices: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
+    matrices: dict[tuple[int, str], tuple["torch.Tensor", "torch.Tensor"]]
 
     @property
     def nbytes(self) -> int:

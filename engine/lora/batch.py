@@ -4,7 +4,8 @@ from dataclasses import dataclass
 
 import torch
 
-BASE_SLOT = -1  # tokens of requests for the base model
+from engine.lora.adapter import BASE_SLOT
+
 KERNEL_BLOCK_ROWS = 16  # token rows per Triton program; every row of a program uses the same slot
 
 

@@ -1,4 +1,4 @@
-"""Where each PEFT target module lands in the engine's fused projections (engine/model.py).
+"""Where each PEFT target module lands in the engine's fused projections (engine/model/llama.py).
 
 The model computes q, k and v in one matmul and gate and up in another, so an adapter's
 delta for `k_proj` is added to the k slice of the fused qkv output, and so on."""

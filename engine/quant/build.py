@@ -1,5 +1,5 @@
 """A weight of the model as the spec's width for its layer type asks (bf16 ones stay
-engine/linear.py's Weight, which the model builds itself)."""
+engine/model/linear.py's Weight, which the model builds itself)."""
 
 import torch
 

@@ -4,7 +4,7 @@ import argparse
 import json
 import sys
 
-from engine.chunk_choice import LATENCY_TOLERANCE, THROUGHPUT_TOLERANCE
+from engine.hardware.chunk_choice import LATENCY_TOLERANCE, THROUGHPUT_TOLERANCE
 from k25.commands.engine_settings import add_engine_settings, load_for_engine
 
 
@@ -159,7 +159,7 @@ def run_quant_bench(args: argparse.Namespace) -> int:
 
     from bench.quant_bench import DEFAULT_TEXTS, bench_quant
     from common.model_source import ModelLoadError
-    from engine.loader import load_model
+    from engine.model.loader import load_model
 
     paths = args.texts or [str(p) for p in DEFAULT_TEXTS]
     try:

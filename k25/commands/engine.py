@@ -9,7 +9,7 @@ import threading
 import uuid
 
 from common.zmq_router import DEFAULT_MAX_FRAME_BYTES
-from engine.health import HealthSettings
+from engine.serve.health import HealthSettings
 from k25.commands.engine_settings import add_engine_settings, load_for_engine, max_chunk_per_gpu_flag
 from k25.commands.redis_flags import add_redis_flags
 
@@ -88,7 +88,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.cpu_threads import omp_wait_env
+    from engine.hardware.cpu_threads import omp_wait_env
 
     os.environ.update(omp_wait_env(os.environ))  # before torch loads libgomp
     log.info("OpenMP waits: GOMP_SPINCOUNT=%s OMP_WAIT_POLICY=%s",
@@ -99,16 +99,16 @@ def run(args: argparse.Namespace) -> int:
     from common.tracing import setup_tracing
     from common.zmq_curve import CurveKeyError, secret_key_from_env
     from engine.base.errors import EngineConfigError
-    from engine.engine import LLMEngine
-    from engine.heartbeat import Heartbeat, registry_client
-    from engine.kv_events import KVEventPublisher
-    from engine.metrics import EngineMetrics
-    from engine.model_integrity import parse_model_checksums, verify_model_files
-    from engine.registry import EngineProfile, registry_entry
-    from engine.rollout_watcher import RolloutWatcher
-    from engine.server import EngineServer, ServerSettings
-    from engine.shutdown import ShutdownSignals
-    from engine.tracing import RequestTraces
+    from engine.llm_engine import LLMEngine
+    from engine.model.integrity import parse_model_checksums, verify_model_files
+    from engine.serve.heartbeat import Heartbeat, registry_client
+    from engine.serve.kv_events import KVEventPublisher
+    from engine.serve.metrics import EngineMetrics
+    from engine.serve.registry import EngineProfile, registry_entry
+    from engine.serve.rollout_watcher import RolloutWatcher
+    from engine.serve.server import EngineServer, ServerSettings
+    from engine.serve.shutdown import ShutdownSignals
+    from engine.serve.tracing import RequestTraces
 
     problem = invalid_flags(args)
     if problem:
@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
 
     engine_id = args.engine_id or f"{socket.gethostname()}-{server.port}"
     if args.inject_step_failures_while:
-        engine.before_forward = _fail_steps_while(args.inject_step_failures_while.replace("{engine_id}", engine_id))
+        engine.runner.before_forward = _fail_steps_while(args.inject_step_failures_while.replace("{engine_id}", engine_id))
     profile = EngineProfile(
         engine_id=engine_id,
         address=f"{args.advertise_host}:{server.port}",

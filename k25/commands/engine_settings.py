@@ -72,12 +72,12 @@ def seconds_flag(text: str) -> float:
 
 
 def cpu_threads_flag(text: str) -> int | str:
-    """`--cpu-threads`: threads, or auto (engine/cpu_threads.py)."""
+    """`--cpu-threads`: threads, or auto (engine/hardware/cpu_threads.py)."""
     return _count_or_auto(text, "threads")
 
 
 def max_chunk_per_gpu_flag(text: str) -> int | str:
-    """`--max-chunk-per-gpu`: chunks, or auto (engine/chunk_choice.py)."""
+    """`--max-chunk-per-gpu`: chunks, or auto (engine/hardware/chunk_choice.py)."""
     return _count_or_auto(text, "chunks")
 
 
@@ -86,7 +86,7 @@ def set_cpu_threads(flag: int | str) -> int:
     runs, the dtype measurement included. Returns the count."""
     import torch
 
-    from engine.cpu_threads import AUTO, default_cpu_threads
+    from engine.hardware.cpu_threads import AUTO, default_cpu_threads
 
     threads = default_cpu_threads() if flag == AUTO else flag
     torch.set_num_threads(threads)
@@ -100,8 +100,8 @@ def load_for_engine(args: argparse.Namespace, **config_fields):
     from common.quant_spec import NO_QUANT, QuantSpecError, parse_quant_spec
     from engine.base.config import EngineConfig
     from engine.base.errors import EngineConfigError
-    from engine.dtype_choice import choose_dtype, matmul_seconds
-    from engine.loader import load_model, model_config
+    from engine.hardware.dtype_choice import choose_dtype, matmul_seconds
+    from engine.model.loader import load_model, model_config
     from engine.quant.check import check_quant, resolve_dtype
 
     set_cpu_threads(args.cpu_threads)

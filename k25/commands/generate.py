@@ -30,9 +30,9 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from common.model_source import ModelLoadError
     from engine.base.errors import EngineConfigError, EngineError
-    from engine.engine import LLMEngine
+    from engine.core.sampling_params import SamplingParams
+    from engine.llm_engine import LLMEngine
     from engine.offline import stream
-    from engine.sampling_params import SamplingParams
 
     try:
         model, config = load_for_engine(args, chunk_size=args.chunk_size)

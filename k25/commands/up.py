@@ -23,7 +23,8 @@ import time
 import urllib.request
 
 from common.model_source import DEFAULT_MODEL
-from common.zmq_curve import ENV as CURVE_ENV, new_secret_key
+from common.zmq_curve import ENV as CURVE_ENV
+from common.zmq_curve import new_secret_key
 from k25.restart_policy import describe_exit
 
 STARTUP_TIMEOUT_S = 300
@@ -316,7 +317,7 @@ def _make_pools(args, pools):
 def _engine_threads(pools) -> int:
     """The CPUs this process may use, shared among the most engines that may run at once: engines
     on one machine that each start a thread a core wait on each other at every barrier."""
-    from engine.cpu_threads import default_cpu_threads, threads_per_engine
+    from engine.hardware.cpu_threads import default_cpu_threads, threads_per_engine
 
     return threads_per_engine(default_cpu_threads(), sum(pool.rules.max_replicas for pool in pools))
 

@@ -1,5 +1,5 @@
 """Which engines hold which prefix blocks, as far as this gateway knows: what the engines
-announced (KV events, engine/kv_events.py) and where this gateway itself sent prompts.
+announced (KV events, engine/serve/kv_events.py) and where this gateway itself sent prompts.
 
 One entry per block hash (common/prefix_hash.py) holding a bitmask of the engines that
 hold it; at most `max_blocks` entries, the least recently used going first. An engine that

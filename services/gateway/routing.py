@@ -21,7 +21,7 @@ gateway sent an engine that has not produced a first token yet, QUEUED_CHUNK_REQ
 chunk: a queued document weighs what its prefill costs, not one request, so that new
 documents go to the engine with the least of them queued. That queued prefill weighs on a
 request in proportion to the part of its prompt the engine does not hold: engines admit
-the waiting request with the fewest tokens left to compute first (engine/admission_order.py),
+the waiting request with the fewest tokens left to compute first (engine/core/admission_order.py),
 so a question whose document an engine holds goes ahead of the documents queued there.
 Those whose last heartbeat reported them past their KV admission limit or with their queue
 full come last rather than not at all, since a heartbeat is up to a second old and the

@@ -11,7 +11,7 @@ import torch
 from bench.quant_bytes import decode_weight_bytes
 from bench.quant_choice import Option, candidates_within
 from common.quant_spec import LAYER_TYPES, LayerQuant, parse_quant_spec
-from engine.model import REFINED_LOGITS, LlamaModel
+from engine.model.llama import REFINED_LOGITS, LlamaModel
 
 BF16, INT8, INT4 = LayerQuant(), LayerQuant("int8"), LayerQuant("int4", 32)
 # per layer type: (KL it adds alone, bytes read); bf16 adds nothing

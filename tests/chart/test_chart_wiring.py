@@ -11,13 +11,13 @@ import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
-from engine.metrics import EngineMetrics
+from engine.serve.metrics import EngineMetrics
 from k25.cli import build_parser
 from operators.deployment import models_claim_name
 from operators.runtime import peering_name
 from services.gateway.api_keys import ApiKeys
-from services.gateway.tenant_limits import TenantLimits
 from services.gateway.metrics import GatewayMetrics
+from services.gateway.tenant_limits import TenantLimits
 from tests.helpers.helm_chart import (
     CHART,
     CI_VALUES,

@@ -9,9 +9,9 @@ import pytest
 pytestmark = pytest.mark.slow  # each test starts Python processes that load a model
 
 from engine.base.config import EngineConfig
-from engine.engine import LLMEngine
+from engine.core.sampling_params import SamplingParams
+from engine.llm_engine import LLMEngine
 from engine.offline import generate
-from engine.sampling_params import SamplingParams
 
 K25 = [sys.executable, "-m", "k25.cli"]
 

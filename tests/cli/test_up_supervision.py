@@ -15,7 +15,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from common.redis_keys import live_engines
 from common.zmq_curve import make_client, new_secret_key
-from engine.cpu_threads import default_cpu_threads, omp_wait_env, threads_per_engine
+from engine.hardware.cpu_threads import default_cpu_threads, omp_wait_env, threads_per_engine
 from tests.helpers.engine_process import wait_until
 from tests.helpers.gateway_process import children_of, http_json
 from tests.helpers.up_stack import UP_RELEASE, announced, incarnation, part_pid, redis_client, two_engine_stack

@@ -12,6 +12,8 @@ module, also inside functions), so a lazy import counts as much as a top-level o
 
 import ast
 import pathlib
+import subprocess
+import sys
 
 from tests.helpers.paths import REPO
 
@@ -26,11 +28,28 @@ FLOORS = {
     "common": 1,
     "proto": 0,
 }
-PACKAGES = sorted(FLOORS, key=len, reverse=True)  # services.gateway before services
 
 
-def package_of(module: str) -> str | None:
-    for package in PACKAGES:
+# inside the engine, the same rule between its folders: the process (serve/) and the engine
+# it serves (llm_engine.py, offline.py) on top, then the model runner, then what the device
+# decides, then the core (no torch) beside the model, then attention, the leaves and base/
+ENGINE_FLOORS = {
+    "engine": 6,  # engine/*.py: llm_engine.py (core over runner), offline.py
+    "engine.serve": 6,
+    "engine.runner": 5,
+    "engine.hardware": 4,
+    "engine.core": 3,
+    "engine.model": 3,
+    "engine.attention": 2,
+    "engine.lora": 1,
+    "engine.quant": 1,
+    "engine.kernels": 1,
+    "engine.base": 0,
+}
+
+
+def package_of(module: str, floors: dict[str, int] = FLOORS) -> str | None:
+    for package in sorted(floors, key=len, reverse=True):
         if module == package or module.startswith(package + "."):
             return package
     return None
@@ -79,16 +98,18 @@ def module_graph() -> dict[str, set[str]]:
     return {name: {t for _, t in found if t in modules and t != name} for name, found in all_imports().items()}
 
 
-def arrows_against_the_floors(imports: dict[str, list[tuple[int, str]]]) -> list[str]:
+def arrows_against_the_floors(imports: dict[str, list[tuple[int, str]]], floors: dict[str, int] = FLOORS) -> list[str]:
     """One line per import that goes up or sideways between packages, naming the import."""
     wrong = []
     for name, found in sorted(imports.items()):
-        source = package_of(name)
+        source = package_of(name, floors)
+        if source is None:
+            continue
         for line, target in found:
-            destination = package_of(target)
-            if destination is not None and destination != source and FLOORS[destination] >= FLOORS[source]:
+            destination = package_of(target, floors)
+            if destination is not None and destination != source and floors[destination] >= floors[source]:
                 wrong.append(f"{name}:{line} imports {target} "
-                             f"({source}, floor {FLOORS[source]} -> {destination}, floor {FLOORS[destination]})")
+                             f"({source}, floor {floors[source]} -> {destination}, floor {floors[destination]})")
     return sorted(set(wrong))
 
 
@@ -146,6 +167,26 @@ def test_every_import_between_parts_points_down():
     assert not wrong, "imports against the layering:\n" + "\n".join(wrong)
 
 
+def test_every_import_between_the_engines_folders_points_down():
+    engine_imports = {name: found for name, found in all_imports().items() if name.startswith("engine.")}
+    wrong = arrows_against_the_floors(engine_imports, ENGINE_FLOORS)
+    assert not wrong, "imports against the engine's layering:\n" + "\n".join(wrong)
+
+
+def test_every_folder_of_the_engine_has_a_floor():
+    folders = {folder_of(name) for name in runtime_modules() if name.startswith("engine.")}
+    assert folders <= set(ENGINE_FLOORS), f"engine folders without a floor: {sorted(folders - set(ENGINE_FLOORS))}"
+
+
+def test_the_engine_core_imports_no_torch():
+    """The core (requests, scheduling, KV blocks, outputs) is plain Python; only the runner
+    below it touches the device. Imported in a fresh interpreter, so nothing else loaded torch."""
+    core = sorted(name for name in runtime_modules() if name.startswith("engine.core."))
+    script = f"import sys\nfor m in {core!r}: __import__(m)\nprint('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False", f"importing {core} imported torch"
+
+
 def test_no_module_imports_itself_in_a_circle():
     found = cycles(module_graph())
     assert not found, "import cycles between modules:\n" + "\n".join(" <-> ".join(c) for c in found)
@@ -159,14 +200,14 @@ def test_no_circle_between_packages_at_any_depth():
 
 def test_the_check_names_each_arrow_against_the_floors_and_no_other():
     imports = {
-        "engine.server": [(3, "proto.k25_pb2"), (4, "common.zmq_router"), (9, "services.gateway.routing")],
+        "engine.serve.server": [(3, "proto.k25_pb2"), (4, "common.zmq_router"), (9, "services.gateway.routing")],
         "common.padding": [(7, "engine.base.config"), (8, "numpy")],
         "services.gateway.service": [(2, "services.gateway.routing"), (5, "services.chunker.wire")],
-        "k25.commands.up": [(1, "bench.serve"), (2, "engine.server")],
+        "k25.commands.up": [(1, "bench.serve"), (2, "engine.serve.server")],
     }
     assert arrows_against_the_floors(imports) == [
         "common.padding:7 imports engine.base.config (common, floor 1 -> engine, floor 2)",
-        "engine.server:9 imports services.gateway.routing (engine, floor 2 -> services.gateway, floor 2)",
+        "engine.serve.server:9 imports services.gateway.routing (engine, floor 2 -> services.gateway, floor 2)",
         "services.gateway.service:5 imports services.chunker.wire (services.gateway, floor 2 -> services.chunker, floor 2)",
     ]
 

@@ -4,9 +4,9 @@ import pytest
 
 from common.padding import pad_to_chunk_size
 from engine.base.config import EngineConfig
-from engine.engine import LLMEngine
+from engine.core.sampling_params import SamplingParams
+from engine.llm_engine import LLMEngine
 from engine.offline import generate, make_request
-from engine.sampling_params import SamplingParams
 
 
 @pytest.mark.parametrize("length, chunk, pads", [(1, 64, 63), (64, 64, 0), (65, 64, 63), (300, 256, 212)])

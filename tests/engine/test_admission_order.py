@@ -5,12 +5,12 @@ import time
 
 import pytest
 
-from engine.admission_order import ORDER_WINDOW, admission_order
 from engine.base.config import EngineConfig
-from engine.block_manager import BlockManager
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence
+from engine.core.admission_order import ORDER_WINDOW, admission_order
+from engine.core.block_manager import BlockManager
+from engine.core.sampling_params import SamplingParams
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Sequence
 from k25.cli import build_parser
 from tests.engine.test_scheduler import run_step
 

@@ -6,13 +6,13 @@ prefill slice and a later slice over cached context, with block tables out of or
 import pytest
 import torch
 
-from engine import attention
-from engine.attention import GatherBuffers, paged_attention
-from engine.block_tables import BlockTables
-from engine.forward_batch import build_forward_batch
-from engine.paged_attention_reference import paged_attention_reference
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from engine.attention import backend as attention
+from engine.attention.backend import GatherBuffers, paged_attention
+from engine.attention.torch_reference import paged_attention_reference
+from engine.core.sampling_params import SamplingParams
+from engine.core.sequence import Sequence
+from engine.runner.block_tables import BlockTables
+from engine.runner.forward_batch import build_forward_batch
 
 BLOCK = 16
 KV_HEADS, GROUP, HEAD_DIM = 3, 3, 64
@@ -54,7 +54,7 @@ def test_cpu_attention_equals_the_reference_on_a_mixed_batch(dtype, decodes_by, 
     k_cache, v_cache = randn(KV_HEADS, NUM_BLOCKS * BLOCK, HEAD_DIM), randn(KV_HEADS, NUM_BLOCKS * BLOCK, HEAD_DIM)
     q, k, v = randn(tokens, KV_HEADS * GROUP, HEAD_DIM), randn(tokens, KV_HEADS, HEAD_DIM), randn(tokens, KV_HEADS, HEAD_DIM)
     scale = HEAD_DIM**-0.5
-    # the step's new K/V are in the cache before attention (engine/layer_ops.py writes them)
+    # the step's new K/V are in the cache before attention (engine/model/layer_ops.py writes them)
     k_cache.index_copy_(1, batch.slot_mapping, k.transpose(0, 1))
     v_cache.index_copy_(1, batch.slot_mapping, v.transpose(0, 1))
     ours = paged_attention(q, k_cache, v_cache, batch, GatherBuffers())

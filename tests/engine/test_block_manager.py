@@ -2,7 +2,7 @@
 as used, and the events the engine publishes."""
 
 from common.prefix_hash import cache_seed, chain_block_hashes
-from engine.block_manager import BlockManager
+from engine.core.block_manager import BlockManager
 
 
 def cached_table(bm: BlockManager, tokens: list[int], seed: int = cache_seed()) -> tuple[list[int], list[int]]:

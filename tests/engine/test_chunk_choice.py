@@ -1,4 +1,4 @@
-"""The max_chunk_per_gpu decision (engine/chunk_choice.py): the rule over a curve, as `k25 bench
+"""The max_chunk_per_gpu decision (engine/hardware/chunk_choice.py): the rule over a curve, as `k25 bench
 profile` applies it to a measured one and `--max-chunk-per-gpu auto` to a modelled one."""
 
 import random
@@ -6,7 +6,7 @@ import random
 import pytest
 
 from engine.base.errors import EngineConfigError
-from engine.chunk_choice import CurvePoint, auto_max_chunk_per_gpu, modelled_curve, recommend
+from engine.hardware.chunk_choice import CurvePoint, auto_max_chunk_per_gpu, modelled_curve, recommend
 
 
 def curve(*rows):
@@ -116,9 +116,9 @@ def test_auto_refuses_when_not_one_expected_request_fits():
 
 def test_an_engine_started_with_auto_runs_the_value_the_rule_gives(tiny_model, caplog):
     from engine.base.config import EngineConfig
-    from engine.engine import LLMEngine
+    from engine.llm_engine import LLMEngine
 
-    caplog.set_level("INFO", logger="engine.memory_budget")
+    caplog.set_level("INFO", logger="engine.runner.memory_budget")
     engine = LLMEngine(tiny_model, EngineConfig(chunk_size=64, max_chunk_per_gpu="auto", expected_chunks_per_request=3,
                                                 max_num_seqs=8))
     assert engine.max_chunk_per_gpu == 24 and engine.capacity_tokens == 24 * 64

@@ -9,7 +9,14 @@ import sys
 import pytest
 import torch
 
-from engine.cpu_threads import OMP_SPIN_COUNT, omp_wait_env, parse_cgroup_v1_quota, parse_cgroup_v2_cpu_max, threads_per_engine, usable_cpus
+from engine.hardware.cpu_threads import (
+    OMP_SPIN_COUNT,
+    omp_wait_env,
+    parse_cgroup_v1_quota,
+    parse_cgroup_v2_cpu_max,
+    threads_per_engine,
+    usable_cpus,
+)
 from k25.cli import build_parser
 from k25.commands.engine_settings import set_cpu_threads
 
@@ -42,7 +49,7 @@ def test_engines_on_one_machine_share_its_cpus(cpus, engines, expected):
 
 def test_a_process_pinned_to_one_cpu_computes_on_one_thread():
     pinned = ("import os; os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]}); "
-              "from engine.cpu_threads import default_cpu_threads; print(default_cpu_threads())")
+              "from engine.hardware.cpu_threads import default_cpu_threads; print(default_cpu_threads())")
     done = subprocess.run([sys.executable, "-c", pinned], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip() == "1"
 

@@ -1,4 +1,4 @@
-"""Decode graphs (engine/decode_graphs.py): which bucket a step runs, and the padding a graph's
+"""Decode graphs (engine/runner/decode_graphs.py): which bucket a step runs, and the padding a graph's
 static batch relies on, on the CPU against the eager forward of the same step with the real
 model: padding rows change no sequence's logits and write only the scratch block. Capture and
 replay themselves need CUDA: those tests run where it is."""
@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 import torch
 
+from engine.attention.kv_cache import KVCache
 from engine.base.config import EngineConfig
 from engine.base.errors import EngineConfigError
-from engine.decode_graphs import DecodeGraphs, StaticDecodeBatch, bucket_for, capture_sizes
-from engine.engine import LLMEngine
-from engine.forward_batch import HostBatch, host_batch, to_device
-from engine.kv_cache import KVCache
-from engine.lora.batch import BASE_SLOT
+from engine.core.sampling_params import SamplingParams
+from engine.llm_engine import LLMEngine
+from engine.lora.adapter import BASE_SLOT
 from engine.offline import make_request
-from engine.sampling_params import SamplingParams
+from engine.runner.decode_graphs import DecodeGraphs, StaticDecodeBatch, bucket_for, capture_sizes
+from engine.runner.forward_batch import HostBatch, host_batch, to_device
 
 
 @pytest.mark.parametrize("max_num_seqs, sizes", [
@@ -42,7 +42,7 @@ def engine_in_decode(model, prompts, device="cpu") -> LLMEngine:
 
 
 def decode_step(engine: LLMEngine):
-    return host_batch([(seq, 1) for seq in engine.scheduler.running], engine.block_tables, engine.config.block_size)
+    return host_batch([(seq, 1) for seq in engine.scheduler.running], engine.runner.block_tables, engine.config.block_size)
 
 
 @pytest.mark.parametrize("bucket", [3, 8])
@@ -50,16 +50,16 @@ def test_padding_rows_change_no_sequences_logits_and_write_only_the_scratch_bloc
     engine = engine_in_decode(tiny_model, [list(range(5, 5 + n)) for n in (3, 40, 17)])
     host = decode_step(engine)
     assert host.decodes_only and len(host.input_ids) == 3
-    kv, block_size = engine.kv, engine.config.block_size
+    kv, block_size = engine.runner.kv, engine.config.block_size
     scratch = engine.block_manager.num_blocks
     # the cache as a graphing engine has it: one block more, the scratch block, after the managed ones
-    padded_kv = KVCache(engine.model_config, kv.k[0].shape[1] + block_size, "cpu", torch.float32)
+    padded_kv = KVCache(engine.runner.model.config, kv.k[0].shape[1] + block_size, "cpu", torch.float32)
     for ours, theirs in zip(padded_kv.k + padded_kv.v, kv.k + kv.v):
         ours[:, : theirs.shape[1]] = theirs
     with torch.inference_mode():
-        eager = engine.model.forward(to_device(host, block_size, "cpu"), kv)
-        static = StaticDecodeBatch(8, engine.block_tables.table.shape[1], scratch, block_size, "cpu")
-        padded = engine.model.forward(static.fill(host, bucket), padded_kv)
+        eager = engine.runner.model.forward(to_device(host, block_size, "cpu"), kv)
+        static = StaticDecodeBatch(8, engine.runner.block_tables.table.shape[1], scratch, block_size, "cpu")
+        padded = engine.runner.model.forward(static.fill(host, bucket), padded_kv)
     assert padded.shape[0] == bucket
     # the same arithmetic but for the row count of each projection's matmul (float32 sums
     # their products in another order: 4e-7 of the logits' scale measured here); a padding
@@ -99,7 +99,7 @@ def test_a_capture_that_fails_says_how_to_start_without_graphs(tiny_model):
     engine = engine_in_decode(tiny_model, [[5, 6, 7]])
     static = StaticDecodeBatch(2, 4, engine.block_manager.num_blocks, engine.config.block_size, "cpu")
     with pytest.raises(EngineConfigError, match="--no-cuda-graphs"):
-        DecodeGraphs(engine.model, engine.kv, static, [1, 2])
+        DecodeGraphs(engine.runner.model, engine.runner.kv, static, [1, 2])
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
@@ -113,13 +113,13 @@ def test_replayed_graphs_give_the_eager_engines_tokens(tiny_model, prompts):
     for graphs in (True, False):
         engine = LLMEngine(tiny_model, EngineConfig(device="cuda", chunk_size=64, max_chunk_per_gpu=4, max_num_seqs=8,
                                                     cuda_graphs=graphs))
-        assert (engine.decode_graphs is not None) == graphs
+        assert (engine.runner.decode_graphs is not None) == graphs
         for i in range(prompts):
             engine.add_request(make_request(engine, list(range(5, 5 + 7 * i + 3)), SamplingParams(max_tokens=12, ignore_eos=True),
                                             request_id=f"r{i}"))
         tokens: dict[str, list[int]] = {}
         while engine.has_unfinished():
-            for out in engine.step():
+            for out in engine.step().outputs:
                 tokens.setdefault(out.request_id, []).extend(out.token_ids)
         outputs[graphs] = tokens
     assert outputs[True] == outputs[False]

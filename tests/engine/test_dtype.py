@@ -6,15 +6,15 @@ import math
 import pytest
 import torch
 
+from engine.attention.kv_cache import KVCache
 from engine.base.errors import EngineConfigError
-from engine.dtype_choice import choose_dtype, faster_dtype, matmul_seconds
-from engine.block_tables import BlockTables
-from engine.forward_batch import build_forward_batch
-from engine.kv_cache import KVCache
-from engine.loader import TINY_CONFIG, load_model, model_config
-from engine.model import LlamaModel
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from engine.core.sampling_params import SamplingParams
+from engine.core.sequence import Sequence
+from engine.hardware.dtype_choice import choose_dtype, faster_dtype, matmul_seconds
+from engine.model.llama import LlamaModel
+from engine.model.loader import TINY_CONFIG, load_model, model_config
+from engine.runner.block_tables import BlockTables
+from engine.runner.forward_batch import build_forward_batch
 from tests.fixtures.parity_prompts import parity_prompt_ids
 
 # each parity prompt is cut to this many tokens: bf16 matmuls are emulated on CPUs without

@@ -1,5 +1,5 @@
 """`k25 engine --max-chunk-per-gpu auto` end to end: the engine started by its command line
-registers the max_chunk_per_gpu that engine/chunk_choice.py's rule gives, and logs why."""
+registers the max_chunk_per_gpu that engine/hardware/chunk_choice.py's rule gives, and logs why."""
 
 import pytest
 

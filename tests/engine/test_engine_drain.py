@@ -7,8 +7,8 @@ import time
 import pytest
 
 from engine.base.config import EngineConfig
-from engine.engine import LLMEngine
-from engine.server import EngineServer, ServerSettings
+from engine.llm_engine import LLMEngine
+from engine.serve.server import EngineServer, ServerSettings
 from proto import k25_pb2
 from tests.helpers.engine_process import dealer, generate_message, receive, receive_until_done, request_id_of, send
 

@@ -4,14 +4,14 @@ import time
 
 import pytest
 
-from engine.admission import check_room
 from engine.base.config import EngineConfig
 from engine.base.errors import EngineConfigError, EngineError, ErrorCode
-from engine.engine import LLMEngine
+from engine.core.admission import check_room
+from engine.core.request import EngineRequest
+from engine.core.sampling_params import SamplingParams
+from engine.core.sequence import FinishReason
+from engine.llm_engine import LLMEngine
 from engine.offline import Completion, collect, generate, make_request
-from engine.request import EngineRequest
-from engine.sampling_params import SamplingParams
-from engine.sequence import FinishReason
 
 CHUNK = 32
 
@@ -112,7 +112,7 @@ def test_expired_deadline_is_refused_and_a_running_one_expires(engine):
     engine.add_request(request)
     engine.step()
     engine._sequences[request.request_id].deadline = time.time() - 1  # time passes
-    [out] = [o for o in engine.step() if o.request_id == request.request_id]
+    [out] = [o for o in engine.step().outputs if o.request_id == request.request_id]
     assert out.finish_reason is FinishReason.ERROR and out.error.code is ErrorCode.DEADLINE_EXCEEDED
     assert_still_serving(engine)
 
@@ -137,11 +137,11 @@ def test_abort_mid_decode_frees_blocks_and_spares_the_others(engine):
     engine.add_request(drop)
     completions = {r.request_id: Completion(r.request_id) for r in (keep, drop)}
     while len(completions[drop.request_id].token_ids) < 2:
-        collect(completions, engine.step())
+        collect(completions, engine.step().outputs)
     aborted = engine.abort(drop.request_id)
     assert aborted.finish_reason is FinishReason.ABORT and aborted.usage.completion_tokens >= 2
     while completions[keep.request_id].finish_reason is None:
-        collect(completions, engine.step())
+        collect(completions, engine.step().outputs)
     assert len(completions[keep.request_id].token_ids) == 6
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
@@ -151,12 +151,12 @@ def test_kv_above_admission_limit_is_resource_exhausted(tiny_model):
     big = make_request(engine, prompt(120), SamplingParams(max_tokens=8, ignore_eos=True))  # 128 tokens = all 4 chunks
     engine.add_request(big)
     completions = {big.request_id: Completion(big.request_id)}
-    collect(completions, engine.step())
+    collect(completions, engine.step().outputs)
     assert engine.kv_usage > 0.92
     error = refused(engine, make_request(engine, prompt(4), SamplingParams()))
     assert error.code is ErrorCode.RESOURCE_EXHAUSTED and "KV cache" in error.message
     while completions[big.request_id].finish_reason is None:
-        collect(completions, engine.step())
+        collect(completions, engine.step().outputs)
     assert len(completions[big.request_id].token_ids) == 8  # the running one finished, nothing dropped
     assert_still_serving(engine)
 
@@ -209,8 +209,8 @@ def test_a_failing_step_fails_its_requests_with_internal_and_the_engine_recovers
     def broken_forward(batch, kv):
         raise RuntimeError("simulated device fault")
 
-    monkeypatch.setattr(engine.model, "forward", broken_forward)
-    [out] = engine.step()
+    monkeypatch.setattr(engine.runner.model, "forward", broken_forward)
+    [out] = engine.step().outputs
     assert out.request_id == request.request_id and out.finish_reason is FinishReason.ERROR
     assert out.error.code is ErrorCode.INTERNAL and "simulated device fault" in out.error.message
     monkeypatch.undo()
@@ -229,10 +229,13 @@ def test_no_room_is_resource_exhausted_without_an_engine(num_waiting, kv_usage, 
 
 
 def test_a_step_records_what_it_computed_and_one_that_computed_nothing_records_nothing(engine):
-    engine.add_request(make_request(engine, prompt(5), SamplingParams(max_tokens=2, ignore_eos=True)))
-    engine.step()
-    assert engine.last_step is not None and engine.last_forward_failed is False
+    request = make_request(engine, prompt(5), SamplingParams(max_tokens=2, ignore_eos=True))
+    engine_request_id = request.request_id
+    engine.add_request(request)
+    result = engine.step()
+    assert result.forward_failed is False
+    assert [(rid, n, prefill) for rid, n, prefill in result.record.items] == [(engine_request_id, 5, True)]
     while engine.has_unfinished():
         engine.step()
-    engine.step()  # nothing left to run
-    assert engine.last_step is None and engine.last_forward_failed is None
+    idle = engine.step()  # nothing left to run
+    assert idle.record is None and idle.forward_failed is None and idle.outputs == []

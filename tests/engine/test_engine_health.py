@@ -13,11 +13,11 @@ import zmq
 
 from common.redis_keys import live_engines
 from engine.base.config import EngineConfig
-from engine.engine import LLMEngine
-from engine.health import FAILURE_WINDOW_S, HealthSettings, StepHealth, unhealthy_reason
-from engine.heartbeat import Heartbeat, registry_client
-from engine.registry import EngineProfile, registry_entry
-from engine.server import EngineServer, ServerSettings
+from engine.llm_engine import LLMEngine
+from engine.serve.health import FAILURE_WINDOW_S, HealthSettings, StepHealth, unhealthy_reason
+from engine.serve.heartbeat import Heartbeat, registry_client
+from engine.serve.registry import EngineProfile, registry_entry
+from engine.serve.server import EngineServer, ServerSettings
 from proto import k25_pb2
 from tests.helpers.engine_process import dealer, generate_message, receive_until_done, send, wait_until
 from tests.helpers.http_json import get_json
@@ -100,7 +100,7 @@ class Serving:
         return receive_until_done(self.peer, message.generate.request_id)
 
     def set_before_forward(self, hook) -> None:
-        self.server.call_between_steps(lambda: setattr(self.server.engine, "before_forward", hook)).result(timeout=30)
+        self.server.call_between_steps(lambda: setattr(self.server.engine.runner, "before_forward", hook)).result(timeout=30)
 
 
 @pytest.fixture
@@ -127,7 +127,7 @@ def serve(tiny_model, redis_server):  # noqa: F811
 
     yield start
     for serving, heartbeat, stop, thread in started:
-        serving.server.engine.before_forward = None
+        serving.server.engine.runner.before_forward = None
         heartbeat.stop()
         stop.set()
         thread.join(timeout=30)
@@ -182,7 +182,7 @@ def test_a_wedged_step_makes_the_engine_unhealthy_until_it_finishes(serve, promp
         status, body = serving.healthz()
         assert status == 503 and "no step finished" in body["unhealthy_reason"]
     finally:
-        serving.server.engine.before_forward = None
+        serving.server.engine.runner.before_forward = None
         wedge.set()
     replies = receive_until_done(serving.peer, message.generate.request_id)
     assert replies[-1].final.usage.completion_tokens == 4  # the step was slow, not failed

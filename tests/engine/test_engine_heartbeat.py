@@ -1,4 +1,4 @@
-"""engine.heartbeat and engine.registry against a real (private) Redis, without an engine."""
+"""engine.serve.heartbeat and engine.serve.registry against a real (private) Redis, without an engine."""
 
 import json
 import logging
@@ -6,9 +6,9 @@ import logging
 import pytest
 
 from common.redis_keys import engines_expiry_key, engines_key, live_engines, register_engine
-from engine.health import HealthReport
-from engine.heartbeat import Heartbeat, registry_client
-from engine.registry import EngineProfile, EngineStats, registry_entry
+from engine.serve.health import HealthReport
+from engine.serve.heartbeat import Heartbeat, registry_client
+from engine.serve.registry import EngineProfile, EngineStats, registry_entry
 from tests.helpers.engine_process import wait_until
 from tests.helpers.redis_server import free_port, redis_client, redis_server  # noqa: F401  (fixtures)
 
@@ -115,7 +115,7 @@ def test_live_engines_skips_other_releases_and_unreadable_entries(redis_client):
 def test_redis_down_is_logged_once_and_the_heartbeat_recovers(redis_server, caplog):
     dead = registry_client(f"redis://127.0.0.1:{free_port()}/0")
     heartbeat = Heartbeat(dead, "k25", "e1", lambda: {"address": "a:1"}, interval_s=1, ttl_s=5)
-    with caplog.at_level(logging.WARNING, logger="engine.heartbeat"):
+    with caplog.at_level(logging.WARNING, logger="engine.serve.heartbeat"):
         assert not heartbeat.beat()
         assert not heartbeat.beat()
     assert len([r for r in caplog.records if "unreachable" in r.message]) == 1

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from common.rollout_keys import PROGRESSING, RolloutState, delete_rollout, write_rollout
-from engine.rollout_watcher import adapter_changes
+from engine.serve.rollout_watcher import adapter_changes
 from tests.helpers.engine_process import dealer, receive_until_done, send, start_engine, wait_until
 from tests.helpers.lora_helpers import adapter_request, checksum, peft_references, save_tiny_llama_with_adapters
 from tests.helpers.redis_server import module_redis_url  # noqa: F401  (fixture)

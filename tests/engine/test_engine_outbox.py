@@ -1,11 +1,11 @@
-"""engine.outbox on a real ROUTER/DEALER pair: a full peer waits, a gone peer is reported."""
+"""engine.serve.outbox on a real ROUTER/DEALER pair: a full peer waits, a gone peer is reported."""
 
 import time
 
 import pytest
 import zmq
 
-from engine.outbox import Outbox
+from engine.serve.outbox import Outbox
 
 
 @pytest.fixture

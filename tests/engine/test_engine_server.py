@@ -16,9 +16,9 @@ from zmq.utils.monitor import recv_monitor_message
 
 from common.redis_keys import engines_expiry_key
 from engine.base.config import EngineConfig
-from engine.engine import LLMEngine
+from engine.core.sampling_params import SamplingParams
+from engine.llm_engine import LLMEngine
 from engine.offline import generate
-from engine.sampling_params import SamplingParams
 from k25.cli import build_parser
 from proto import k25_pb2
 from tests.helpers.engine_frames import malformed_frames

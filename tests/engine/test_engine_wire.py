@@ -1,14 +1,14 @@
-"""engine.wire: proto <-> engine conversions, without any socket."""
+"""engine.serve.wire: proto <-> engine conversions, without any socket."""
 
 import math
 
 import pytest
 
 from engine.base.errors import EngineError, ErrorCode
-from engine.request import RequestOutput, Timings, Usage
-from engine.sampler import SampledToken
-from engine.sequence import FinishReason
-from engine.wire import (
+from engine.core.request import RequestOutput, Timings, Usage
+from engine.core.sampling_params import SampledToken
+from engine.core.sequence import FinishReason
+from engine.serve.wire import (
     decode_client_message,
     engine_frame,
     error_message,

@@ -1,9 +1,9 @@
-"""engine.kv_events against a real Redis: what gateways receive on the release's channel."""
+"""engine.serve.kv_events against a real Redis: what gateways receive on the release's channel."""
 
 import redis
 
 from common.redis_keys import kv_events_channel
-from engine.kv_events import KVEventPublisher
+from engine.serve.kv_events import KVEventPublisher
 from proto import k25_pb2
 from tests.helpers.engine_process import wait_until
 from tests.helpers.redis_server import free_port, redis_client, redis_server  # noqa: F401  (fixtures)

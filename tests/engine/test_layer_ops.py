@@ -1,5 +1,5 @@
-"""The decoder layer's elementwise steps (engine/layer_ops.py), the fused C++ versions
-(engine/csrc/layer_ops_cpu.cpp) and the torch ones they replace, against the same step
+"""The decoder layer's elementwise steps (engine/model/layer_ops.py), the fused C++ versions
+(engine/kernels/csrc/layer_ops_cpu.cpp) and the torch ones they replace, against the same step
 evaluated in float64 on the same inputs, in float32, bfloat16 and float16, at one row (a
 decode), a few rows and a prefill's worth. The bounds count roundings: the fused versions
 compute in float32 and round once to the dtype, the torch ones round after every op; both
@@ -8,8 +8,8 @@ write the cache where the slots say. Malformed arguments are refused and write n
 import pytest
 import torch
 
-from engine import layer_ops
-from engine.cpu_kernels import cpu_kernel
+from engine.kernels.cpu_build import cpu_kernel
+from engine.model import layer_ops
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 ROWS = [1, 5, 300]
@@ -27,7 +27,7 @@ def kernel():
 
 @pytest.fixture(params=["fused", "torch"])
 def version(request, monkeypatch):
-    """Which version engine/layer_ops.py runs, and how many roundings to the dtype it makes."""
+    """Which version engine/model/layer_ops.py runs, and how many roundings to the dtype it makes."""
     if request.param == "torch":
         monkeypatch.setattr(layer_ops, "cpu_kernel", lambda: None)
     return request.param

@@ -1,4 +1,4 @@
-"""The projections' matmul (engine.linear): bf16 weights in the blocked layout of this project's
+"""The projections' matmul (engine.model.linear): bf16 weights in the blocked layout of this project's
 kernels (AVX512-BF16, AMX where the CPU has it, AVX2 without AVX512-BF16) give x W^T (+ bias) within bf16's rounding
 at every row count (checked in float64),
 weights the kernel cannot take are packed for oneDNN and give F.linear's results, and other
@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.cpu_kernels import cpu_kernel
-from engine.linear import PACKED_FOR_ROWS, Weight, blocked_kernel, onednn_packs_bf16, to_blocked
+from engine.kernels.cpu_build import cpu_kernel
+from engine.model.linear import PACKED_FOR_ROWS, Weight, blocked_kernel, onednn_packs_bf16, to_blocked
 
 BF16_UNIT_ROUNDOFF = 2.0**-8  # 8 significant bits, rounded to nearest
 FP32_UNIT_ROUNDOFF = 2.0**-24

@@ -1,4 +1,4 @@
-"""engine.loader, common.gguf_file and common.model_source on real files: the SmolLM2 GGUF, GGUFs and
+"""engine.model.loader, common.gguf_file and common.model_source on real files: the SmolLM2 GGUF, GGUFs and
 Hugging Face folders written here by the reference libraries, and broken files of every kind."""
 
 import dataclasses
@@ -17,8 +17,8 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, qu
 from common.gguf_file import BLOCK_LAYOUT, GGUFError, GGUFFile, TensorType
 from common.model_source import ModelLoadError, resolve_model
 from engine.base.model_config import ModelConfig
-from engine.gguf_dequant import SUPPORTED_TYPES, dequantize
-from engine.loader import TINY_CONFIG, expected_shapes, load_model, tiny_weights
+from engine.model.gguf_dequant import SUPPORTED_TYPES, dequantize
+from engine.model.loader import TINY_CONFIG, expected_shapes, load_model, tiny_weights
 from tests.helpers.gguf_metadata import add_metadata
 from tests.helpers.paths import REPO
 
@@ -351,7 +351,7 @@ def test_hf_rope_scaling_and_head_dim(tmp_path):
 
 
 def _tiny_digest() -> str:
-    code = ("import hashlib; from engine.loader import load_model; h = hashlib.sha256()\n"
+    code = ("import hashlib; from engine.model.loader import load_model; h = hashlib.sha256()\n"
             "for k, v in sorted(load_model('tiny-random').weights.items()): h.update(k.encode()); "
             "h.update(v.numpy().tobytes())\nprint(h.hexdigest())")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -5,12 +5,11 @@ import pytest
 import torch
 
 from engine.base.model_config import ModelConfig
-from engine.lora.adapter import AdapterWeights
-from engine.lora.batch import BASE_SLOT, KERNEL_BLOCK_ROWS, build_lora_batch
+from engine.lora.adapter import BASE_SLOT, AdapterWeights
+from engine.lora.batch import KERNEL_BLOCK_ROWS, build_lora_batch
 from engine.lora.layout import projections
 from engine.lora.slots import LoRASlots
 from tests.helpers.triton_on_cpu import DEVICE, interpret_on_a_cpu  # noqa: F401 (an autouse fixture)
-
 
 # a GQA model small enough for the interpreter: q 32, k/v 16, MLP 48
 CONFIG = ModelConfig(

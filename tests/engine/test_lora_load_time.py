@@ -9,7 +9,7 @@ import torch
 
 from bench.lora_bench import adapter_load_times
 from engine.base.config import EngineConfig
-from engine.engine import LLMEngine
+from engine.llm_engine import LLMEngine
 from tests.helpers.lora_helpers import ALL_MODULES, attach_random_adapters
 
 

@@ -8,13 +8,13 @@ import pytest
 
 from engine.base.config import EngineConfig
 from engine.base.errors import EngineConfigError, EngineError, ErrorCode
-from engine.engine import LLMEngine
-from engine.loader import load_model
+from engine.core.sampling_params import SamplingParams
+from engine.core.sequence import FinishReason
+from engine.llm_engine import LLMEngine
 from engine.lora.adapter import AdapterRef
 from engine.lora.eviction import least_recent_idle
+from engine.model.loader import load_model
 from engine.offline import Completion, collect, make_request
-from engine.sampling_params import SamplingParams
-from engine.sequence import FinishReason
 from tests.helpers.lora_helpers import peft_references, save_tiny_llama_with_adapters
 from tests.helpers.parity import compare
 
@@ -57,7 +57,7 @@ class Run:
         return request.request_id
 
     def step(self) -> None:
-        outputs = self.engine.step()
+        outputs = self.engine.step().outputs
         collect(self.completions, outputs)
         self.token_order += [out.request_id for out in outputs if out.token_ids]
 
@@ -163,7 +163,7 @@ def test_an_adapter_read_again_from_disk_gives_the_same_output(world):
     run = Run(engine, prompt)
     ids = {run.submit("beta"): "beta", run.submit("alpha"): "alpha"}
     run.finish()
-    assert engine.adapters.disk_reads == 3
+    assert engine.runner.adapters.disk_reads == 3
     for request_id, name in ids.items():
         assert run.served(request_id, references[name])
 

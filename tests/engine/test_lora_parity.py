@@ -7,9 +7,9 @@ import torch
 
 from common.tokenizer import load_tokenizer
 from engine.base.config import EngineConfig
-from engine.engine import LLMEngine
-from engine.loader import load_model
-from engine.sampling_params import SamplingParams
+from engine.core.sampling_params import SamplingParams
+from engine.llm_engine import LLMEngine
+from engine.model.loader import load_model
 from tests.fixtures.parity_prompts import parity_prompt_ids
 from tests.helpers.lora_helpers import (
     MIXED_SPECS,
@@ -88,10 +88,10 @@ def test_tiny_mixed_batch_matches_peft(tiny_setup, prompts, label, max_loras, ma
     engine = LLMEngine(load_model(str(folder)), config)
     used = prompts if kernel == "torch" else prompts[:3]  # the interpreter would take minutes over 370 tokens
     check_mixed_batch(engine, used, references, f"tiny HF folder, {label}", parity_report)
-    assert engine.adapters.slot_writes >= len(MIXED_SPECS), "every adapter went through a slot, some through a reused one"
+    assert engine.runner.adapters.slot_writes >= len(MIXED_SPECS), "every adapter went through a slot, some through a reused one"
     assert (engine.num_preemptions > 0) == (max_chunks == 6), engine.num_preemptions
     if max_cpu_loras == 1:
-        assert engine.adapters.disk_reads > len(MIXED_SPECS), "evicted adapters are read again from disk"
+        assert engine.runner.adapters.disk_reads > len(MIXED_SPECS), "evicted adapters are read again from disk"
 
 
 @pytest.mark.slow

@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.base.errors import EngineError, ErrorCode
-from engine.loader import load_model
 from engine.lora.peft_format import UNSUPPORTED_OPTIONS, parse_peft_adapter
 from engine.lora.source import read_adapter_files
+from engine.model.loader import load_model
 from tests.helpers.lora_helpers import attach_random_adapters, save_tiny_llama_with_adapters
 
 SPECS = {"code": dict(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "down_proj"])}

@@ -9,11 +9,11 @@ import pytest
 from common.redis_keys import live_engines
 from engine.base.config import EngineConfig
 from engine.base.errors import EngineError, ErrorCode
-from engine.engine import LLMEngine
-from engine.heartbeat import Heartbeat
-from engine.loader import load_model
-from engine.registry import EngineProfile, registry_entry
-from engine.server import EngineServer, ServerSettings
+from engine.llm_engine import LLMEngine
+from engine.model.loader import load_model
+from engine.serve.heartbeat import Heartbeat
+from engine.serve.registry import EngineProfile, registry_entry
+from engine.serve.server import EngineServer, ServerSettings
 from proto import k25_pb2
 from tests.helpers.engine_process import dealer, receive, receive_until_done, request_id_of, send
 from tests.helpers.lora_helpers import adapter_request, peft_references, save_tiny_llama_with_adapters

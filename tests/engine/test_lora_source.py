@@ -9,12 +9,12 @@ import pytest
 
 from engine.base.config import EngineConfig
 from engine.base.errors import EngineError, ErrorCode
-from engine.engine import LLMEngine
-from engine.loader import load_model
+from engine.core.sampling_params import SamplingParams
+from engine.llm_engine import LLMEngine
 from engine.lora.adapter import AdapterRef
 from engine.lora.source import parse_checksum
+from engine.model.loader import load_model
 from engine.offline import make_request
-from engine.sampling_params import SamplingParams
 from tests.helpers.lora_helpers import save_tiny_llama_with_adapters
 
 SPECS = {"code": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])}

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from common.model_source import ModelLoadError
-from engine.model_integrity import file_sha256, model_folder, parse_model_checksums, verify_model_files
+from engine.model.integrity import file_sha256, model_folder, parse_model_checksums, verify_model_files
 
 DIGEST = "ab" * 32
 

@@ -1,4 +1,4 @@
-"""The CPU paged-attention kernel (engine/csrc/paged_attention_cpu.cpp) against the plain torch
+"""The CPU paged-attention kernel (engine/kernels/csrc/paged_attention_cpu.cpp) against the plain torch
 reference: mixed batches of prefill slices (first and later, starting mid-block) and decodes,
 contexts of 1 to a few thousand tokens, GQA ratios 1 to 16, head sizes the bf16 paths take
 (multiples of 32) and ones they leave to the float32 path or the plain loops (48, and more
@@ -15,8 +15,9 @@ import sys
 import pytest
 import torch
 
-from engine import cpu_kernels, paged_attention_cpu
-from engine.paged_attention_reference import paged_attention_reference
+from engine.attention import cpu_kernel as paged_attention_cpu
+from engine.attention.torch_reference import paged_attention_reference
+from engine.kernels import cpu_build as cpu_kernels
 from tests.helpers.paged_attention_cases import MIXED, error_bound, paged_batch, random_specs
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -136,7 +137,7 @@ def test_prefill_slices_match_the_reference_at_every_head_size_in_every_dtype(ke
     assert_matches_reference(run(kernel, args), args)
 
 
-MIN_PART_POSITIONS = 128  # kMinPartPositions in engine/csrc/paged_attention_cpu.cpp
+MIN_PART_POSITIONS = 128  # kMinPartPositions in engine/kernels/csrc/paged_attention_cpu.cpp
 
 
 @pytest.mark.parametrize("threads", [2, 3, 4])
@@ -193,7 +194,7 @@ def test_a_lock_left_by_a_process_killed_mid_build_does_not_stop_the_next_start(
     """torch waits as long as its lock file exists; one left behind would hang every later
     engine start on this machine (seen after a build was killed)."""
     (cpu_kernels.build_directory() / "lock").touch()
-    started = subprocess.run([sys.executable, "-c", "from engine.cpu_kernels import cpu_kernel; assert cpu_kernel()"],
+    started = subprocess.run([sys.executable, "-c", "from engine.kernels.cpu_build import cpu_kernel; assert cpu_kernel()"],
                              capture_output=True, text=True, timeout=600)
     assert started.returncode == 0, started.stderr
     assert not (cpu_kernels.build_directory() / "lock").exists()
@@ -208,7 +209,7 @@ def test_without_a_compiler_the_engine_keeps_the_torch_path(monkeypatch, caplog)
     monkeypatch.setattr(torch.utils.cpp_extension, "load", no_compiler)
     cpu_kernels.cpu_kernel.cache_clear()
     try:
-        with caplog.at_level(logging.WARNING, logger="engine.cpu_kernels"):
+        with caplog.at_level(logging.WARNING, logger="engine.kernels.cpu_build"):
             assert cpu_kernels.cpu_kernel() is None
         assert "using the torch path" in caplog.text and "no C++ compiler found" in caplog.text
         with pytest.raises(RuntimeError, match="could not be built"):

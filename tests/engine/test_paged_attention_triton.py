@@ -10,21 +10,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.paged_attention_reference import paged_attention_reference
+from engine.attention.torch_reference import paged_attention_reference
 from tests.helpers.paged_attention_cases import MIXED, NUM_KV_HEADS, error_bound, paged_batch, random_specs
 from tests.helpers.triton_on_cpu import DEVICE, DTYPES, interpret_on_a_cpu  # noqa: F401 (an autouse fixture)
 
 
 @pytest.fixture
 def kernel(interpret_on_a_cpu):
-    from engine.paged_attention_triton import paged_attention_triton
+    from engine.attention.triton_kernel import paged_attention_triton
 
     return paged_attention_triton
 
 
 def assert_matches_reference(actual, args, kernel_rounds_p_to, segments=1):
     """Both are within their error_bound of the exact result, so of each other within the sum."""
-    from engine.paged_attention_triton import launch_meta  # imported by the `kernel` fixture, under the interpreter on a CPU
+    from engine.attention.triton_kernel import launch_meta  # imported by the `kernel` fixture, under the interpreter on a CPU
 
     q, k_cache, block_tables, block_size = args[0], args[1], args[3], args[6]
     tile_n = launch_meta(q.dtype, q.shape[2], q.shape[1] // k_cache.shape[1], block_size,
@@ -104,7 +104,7 @@ def test_long_decodes_split_into_runs_match_the_reference(kernel):
 def test_keys_are_split_until_every_sm_has_a_program(kernel, programs, sms, segments):
     """A decode at batch 1 of a model with 3 KV heads on an H100 (132 SMs) takes the most runs;
     a grid that already covers the SMs takes one."""
-    from engine.paged_attention_triton import segments_for
+    from engine.attention.triton_kernel import segments_for
 
     assert segments_for(programs, sms) == segments
 

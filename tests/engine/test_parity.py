@@ -8,10 +8,10 @@ import torch
 from common.tokenizer import load_tokenizer
 from engine.base.config import EngineConfig
 from engine.base.errors import EngineError, ErrorCode
-from engine.engine import LLMEngine
-from engine.loader import load_model
+from engine.core.sampling_params import SamplingParams
+from engine.llm_engine import LLMEngine
+from engine.model.loader import load_model
 from engine.offline import Completion, collect, generate, make_request, stream
-from engine.sampling_params import SamplingParams
 from tests.fixtures.parity_prompts import parity_prompt_ids
 from tests.helpers.parity import compare, greedy_reference, save_random_llama
 
@@ -33,7 +33,7 @@ def run_one_at_a_time(engine: LLMEngine, prompts: list[list[int]]) -> list[list[
         completions = {request.request_id: Completion(request.request_id)}
         engine.add_request(request)
         while completions[request.request_id].finish_reason is None:
-            collect(completions, engine.step())
+            collect(completions, engine.step().outputs)
         results.append(completions[request.request_id].token_ids)
     return results
 
@@ -54,7 +54,7 @@ def run_staggered(engine: LLMEngine, prompts: list[list[int]]) -> list[list[int]
                 assert error.code is ErrorCode.RESOURCE_EXHAUSTED
                 break
             pending.pop(0)
-        collect(completions, engine.step())
+        collect(completions, engine.step().outputs)
         step += 1
     return [completions[r.request_id].token_ids for r in requests]
 

@@ -6,10 +6,10 @@ import pytest
 
 from common.tokenizer import load_tokenizer
 from engine.base.config import EngineConfig
-from engine.engine import LLMEngine
-from engine.loader import load_model
+from engine.core.sampling_params import SamplingParams
+from engine.llm_engine import LLMEngine
+from engine.model.loader import load_model
 from engine.offline import generate, make_request
-from engine.sampling_params import SamplingParams
 from tests.fixtures.parity_prompts import parity_prompt_ids
 from tests.helpers.lora_helpers import MIXED_SPECS, run_mixed, save_tiny_llama_with_adapters
 
@@ -93,7 +93,7 @@ def test_no_reuse_across_adapters_or_salts(tiny_with_adapters, document_prompts)
     engine.add_request(salted)
     finals = []
     while engine.has_unfinished():
-        finals += [out for out in engine.step() if out.finished]
+        finals += [out for out in engine.step().outputs if out.finished]
     assert [out.usage.cached_tokens for out in finals] == [0]
 
 

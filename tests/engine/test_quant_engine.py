@@ -11,12 +11,12 @@ import torch
 from common.quant_spec import parse_quant_spec
 from engine.base.config import EngineConfig
 from engine.base.errors import EngineConfigError
-from engine.engine import LLMEngine
-from engine.model import LlamaModel
+from engine.core.sampling_params import SamplingParams
+from engine.llm_engine import LLMEngine
+from engine.model.llama import LlamaModel
 from engine.offline import generate
 from engine.quant.int4_weight import Int4Weight
 from engine.quant.int8_weight import Int8Weight
-from engine.sampling_params import SamplingParams
 from k25.cli import build_parser
 
 BF16 = EngineConfig(dtype="bfloat16", chunk_size=64)
@@ -30,12 +30,12 @@ def test_the_flag_is_read_by_every_command_that_runs_an_engine():
 
 def test_a_quantised_engine_builds_each_layer_types_kind_and_generates(tiny_model):
     engine = LLMEngine(tiny_model, EngineConfig(dtype="bfloat16", chunk_size=64, quant="attn=int8,mlp=int4:g32,head=int4:g64"))
-    layer = engine.model.layers[0]
+    layer = engine.runner.model.layers[0]
     assert isinstance(layer.qkv, Int8Weight) and isinstance(layer.o, Int8Weight)
-    assert isinstance(layer.gate_up, Int4Weight) and layer.gate_up.group == 32 and isinstance(engine.model.lm_head, Int4Weight)
+    assert isinstance(layer.gate_up, Int4Weight) and layer.gate_up.group == 32 and isinstance(engine.runner.model.lm_head, Int4Weight)
     out = generate(engine, [[1000 + i for i in range(40)]], SamplingParams(max_tokens=8, ignore_eos=True))[0]
     assert len(out.token_ids) == 8
-    assert engine.model.weight_bytes < LLMEngine(tiny_model, BF16).model.weight_bytes
+    assert engine.runner.model.weight_bytes < LLMEngine(tiny_model, BF16).runner.model.weight_bytes
 
 
 def test_an_untied_quantised_head_keeps_its_bf16_rows_for_the_best_logits(tiny_model):

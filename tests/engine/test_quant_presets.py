@@ -7,7 +7,7 @@ import torch
 
 from bench.quant_kl import divergence, teacher_forced_logprobs
 from common.quant_spec import NO_QUANT, PRESETS, parse_quant_spec
-from engine.model import LlamaModel
+from engine.model.llama import LlamaModel
 from engine.quant.kernel_choice import DEQUANTIZE_FROM
 from tests.fixtures.parity_prompts import parity_prompt_ids
 

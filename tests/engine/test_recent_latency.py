@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.recent_latency import RecentPercentile
+from engine.serve.recent_latency import RecentPercentile
 
 
 @settings(max_examples=200, deadline=None)

@@ -15,11 +15,11 @@ import redis
 
 from common.rollout_keys import RolloutState, delete_rollout, rollout_channel, rollout_key, write_rollout
 from engine.base.config import EngineConfig
-from engine.engine import LLMEngine
-from engine.heartbeat import registry_client
-from engine.loader import load_model
-from engine.rollout_watcher import RolloutWatcher
-from engine.server import EngineServer, ServerSettings
+from engine.llm_engine import LLMEngine
+from engine.model.loader import load_model
+from engine.serve.heartbeat import registry_client
+from engine.serve.rollout_watcher import RolloutWatcher
+from engine.serve.server import EngineServer, ServerSettings
 from tests.helpers.engine_process import dealer, receive_until_done, send, wait_until
 from tests.helpers.lora_helpers import adapter_request, checksum, save_tiny_llama_with_adapters
 from tests.helpers.redis_server import free_port, start_redis_server
@@ -99,7 +99,7 @@ def test_a_redis_that_comes_back_empty_unloads_nothing_and_an_announced_deletion
     write_rollout(watching.redis, RELEASE, "legal", version_from(watching.root, "legal1"))
     watching.wait_for_adapters("legal@legal1")
 
-    with caplog.at_level(logging.WARNING, logger="engine.rollout_watcher"):
+    with caplog.at_level(logging.WARNING, logger="engine.serve.rollout_watcher"):
         watching.restart_redis_empty()
         wait_until(lambda: any("no rollout state for adapter legal" in r.message for r in caplog.records),
                    timeout_s=60, what="the watcher reconciling with the empty Redis")
@@ -113,7 +113,7 @@ def test_an_unexpected_error_is_logged_with_its_traceback_and_the_watcher_goes_o
     write_rollout(watching.redis, RELEASE, "legal", version_from(watching.root, "legal1"))
     watching.wait_for_adapters("legal@legal1")
 
-    with caplog.at_level(logging.ERROR, logger="engine.rollout_watcher"):
+    with caplog.at_level(logging.ERROR, logger="engine.serve.rollout_watcher"):
         watching.redis.hset(rollout_key(RELEASE, "legal"), "stable_source", b"\xff\xfe")  # not text: reading it raises
         watching.redis.publish(rollout_channel(RELEASE), "legal")
         record = wait_until(lambda: next((r for r in caplog.records if "goes on" in r.message), None),
@@ -157,7 +157,7 @@ def test_adapter_files_are_read_off_the_serving_thread(watching, world):
 def test_a_load_that_failed_is_tried_again_without_a_new_announcement(watching, caplog):
     root = watching.root
     shutil.rmtree(root / "not-there-yet", ignore_errors=True)
-    with caplog.at_level(logging.ERROR, logger="engine.rollout_watcher"):
+    with caplog.at_level(logging.ERROR, logger="engine.serve.rollout_watcher"):
         write_rollout(watching.redis, RELEASE, "legal", version_from(root, "not-there-yet", "later"))
         wait_until(lambda: any("cannot load adapter legal@later" in r.message for r in caplog.records),
                    timeout_s=60, what="the failed load logged")

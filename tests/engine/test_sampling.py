@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from engine.base.config import EngineConfig
-from engine.engine import LLMEngine
+from engine.core.sampling_params import SamplingParams
+from engine.core.sequence import FinishReason
+from engine.llm_engine import LLMEngine
 from engine.offline import generate, stream
-from engine.sampler import _draw, filtered_probabilities, make_generator
-from engine.sampling_params import SamplingParams
-from engine.sequence import FinishReason
+from engine.runner.sampler import _draw, filtered_probabilities, make_generator
 
 
 @pytest.fixture(scope="module")

@@ -4,11 +4,11 @@ scheduled tokens and appends one fake output token to every sequence that reache
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.block_manager import BlockManager
+from engine.core.block_manager import BlockManager
+from engine.core.sampling_params import SamplingParams
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Sequence, SequenceStatus
 from engine.lora.adapter import AdapterRef, LoadedAdapter
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence, SequenceStatus
 
 
 def make_seq(prompt_len: int, max_tokens: int, name: str, adapter: LoadedAdapter | None = None) -> Sequence:

@@ -6,8 +6,8 @@ import re
 import pytest
 import torch
 
-from engine.cpu_kernels import cpu_kernel
-from engine.top_k import top_k_indices
+from engine.kernels.cpu_build import cpu_kernel
+from engine.model.top_k import top_k_indices
 
 pytestmark = pytest.mark.skipif(cpu_kernel() is None, reason="the CPU kernels did not build")
 

@@ -36,8 +36,8 @@ def attention_jobs(arch):
             for segmented in (True, False):
                 data, part = TYPE[dtype], "fp32" if segmented else TYPE[dtype]
                 jobs.append({
-                    "kernel": "engine.paged_attention_triton:_paged_attention_kernel", "arch": arch,
-                    "meta": "engine.paged_attention_triton:launch_meta",
+                    "kernel": "engine.attention.triton_kernel:_paged_attention_kernel", "arch": arch,
+                    "meta": "engine.attention.triton_kernel:launch_meta",
                     "meta_args": {"dtype": dtype, "head_dim": head_dim, "group": 3, "block_size": 16, "decodes_only": decodes_only},
                     "constants": {"SEGMENTED": segmented, "stride_qd": 1, "stride_od": 1, "stride_kd": 1, "stride_vd": 1},
                     "pointers": {"out_ptr": data, "q_ptr": data, "k_ptr": data, "v_ptr": data, "part_ptr": part,

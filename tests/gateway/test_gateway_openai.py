@@ -12,9 +12,9 @@ import pytest
 
 from common.tokenizer import load_tokenizer
 from engine.base.config import EngineConfig
-from engine.engine import LLMEngine
+from engine.core.sampling_params import SamplingParams
+from engine.llm_engine import LLMEngine
 from engine.offline import generate
-from engine.sampling_params import SamplingParams
 from tests.helpers.gateway_process import children_of, http_json, start_stack
 
 pytestmark = pytest.mark.slow

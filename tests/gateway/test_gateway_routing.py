@@ -142,7 +142,7 @@ def test_an_entry_without_a_field_is_ignored(field):
 
 
 def test_registry_entry_as_the_engine_writes_it():
-    from engine.registry import EngineProfile, EngineStats, registry_entry
+    from engine.serve.registry import EngineProfile, EngineStats, registry_entry
 
     profile = EngineProfile("e1", "10.1.2.3:5555", "long", "a100-80g", "m", 2048, 4, 8192, 8192,
                             kv_admission_limit=0.8, max_waiting=64, heartbeat_ttl_s=3.0, block_size=32, incarnation="i7")

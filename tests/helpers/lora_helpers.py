@@ -5,10 +5,10 @@ import hashlib
 
 import torch
 
-from engine.engine import LLMEngine
+from engine.core.sampling_params import SamplingParams
+from engine.llm_engine import LLMEngine
 from engine.lora.adapter import AdapterRef
 from engine.offline import Completion, collect, make_request
-from engine.sampling_params import SamplingParams
 from proto import k25_pb2
 from tests.helpers.engine_process import generate_message
 from tests.helpers.parity import greedy_reference
@@ -76,7 +76,7 @@ def run_mixed(
     for request in requests:
         engine.add_request(request)
     while engine.has_unfinished():
-        collect(completions, engine.step())
+        collect(completions, engine.step().outputs)
     return [completions[r.request_id] for r in requests]
 
 

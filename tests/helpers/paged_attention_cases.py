@@ -1,6 +1,6 @@
 """Random paged-attention batches and the rounding bound an implementation must meet on them,
 shared by the tests of the Triton kernel and of the CPU decode kernel (both against
-engine.paged_attention_reference)."""
+engine.attention.torch_reference)."""
 
 import math
 import random

@@ -1,0 +1,1 @@
+"""The C++ CPU kernels (csrc/) and their build into one Python module."""
