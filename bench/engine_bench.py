@@ -1,7 +1,8 @@
 """`k25 bench engine`: the engine against transformers `generate()` on one serving-like
 workload, in the same run, with two physical limits measured in that run: this machine's
-matmul peak in the engine's dtype (what a compute-bound step could reach) and its memory
-bandwidth (what a decode step at batch 1, which reads every weight once, could reach)."""
+matmul peak through the engine's own projection in the engine's dtype (what a compute-bound
+step could reach) and its memory bandwidth (what a decode step at batch 1, which reads every
+weight once, could reach). transformers runs in its own best dtype on this CPU."""
 
 import random
 import subprocess
@@ -16,7 +17,9 @@ from bench.quant_bytes import decode_weight_bytes
 from engine.attention.kv_cache import kv_bytes_per_token
 from engine.base.config import EngineConfig
 from engine.core.sampling_params import SamplingParams
+from engine.hardware.dtype_choice import cpu_flags
 from engine.llm_engine import LLMEngine
+from engine.model.linear import Weight
 from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel
 from engine.offline import generate, make_request
@@ -48,15 +51,26 @@ def make_workload(vocab_size: int, num_requests: int, prompt_range: tuple[int, i
 
 
 def matmul_peak_flops(dtype: torch.dtype = torch.float32, size: int = 2048, repeats: int = 5) -> float:
-    """Best FLOP/s of a plain square matmul in `dtype`: this machine's practical roofline."""
-    a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
-    a @ b  # warm up
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
+    """Best FLOP/s of a square matmul through the engine's own projection (engine/model/linear.py)
+    in `dtype`: the kernel the engine runs for that dtype on this machine (on an AVX2-only CPU its
+    bf16 path, not torch's emulated bf16 GEMM), so the roofline means the same on every machine."""
+    generator = torch.Generator().manual_seed(0)
+    weight = Weight(torch.randn(size, size, generator=generator).to(dtype))
+    x = torch.randn(size, size, generator=generator).to(dtype)
+    with torch.inference_mode():
+        weight(x)  # warm up
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            weight(x)
+            best = min(best, time.perf_counter() - start)
     return 2 * size**3 / best
+
+
+def reference_dtype(cpu_flags: set[str]) -> str:
+    """transformers' own best dtype on this CPU: bfloat16 where the CPU has it natively
+    (AVX512-BF16, AMX), float32 where torch would emulate bfloat16 (several times slower)."""
+    return "bfloat16" if {"avx512_bf16", "amx_bf16"} & cpu_flags else "float32"
 
 
 def memory_bandwidth(nbytes: int = 1 << 29, repeats: int = 5) -> float:
@@ -113,7 +127,7 @@ def run_engine(model: LoadedModel, workload: Workload, config: EngineConfig) -> 
 
 
 def reference_model(model: LoadedModel, dtype: torch.dtype):
-    """transformers' own Llama with the very same weights, computing in the engine's dtype."""
+    """transformers' own Llama with the very same weights, computing in `dtype`."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     c = model.config
@@ -153,6 +167,7 @@ def run_reference(reference, workload: Workload, batch_size: int, pad_token_id: 
 @dataclass
 class EngineBenchResult:
     dtype: str
+    reference_dtype: str  # transformers' best dtype on this CPU (reference_dtype)
     requests: int
     prompt_tokens: int
     generated_tokens: int
@@ -187,16 +202,18 @@ def bench_engine(model: LoadedModel, workload: Workload, config: EngineConfig, r
     progress(f"engine: {len(workload.prompts)} requests, {workload.prompt_tokens} prompt + {workload.generated_tokens} generated tokens")
     engine_s = run_engine(model, workload, config)
     by_mode = {}
-    reference = reference_model(model, getattr(torch, config.dtype))
+    ref_dtype = reference_dtype(cpu_flags())
+    reference = reference_model(model, getattr(torch, ref_dtype))
     for batch_size in reference_batch_sizes:
         mode = "one-at-a-time" if batch_size == 1 else f"static-batch-{batch_size}"
-        progress(f"transformers generate(): {mode}")
+        progress(f"transformers generate() in {ref_dtype}: {mode}")
         by_mode[mode] = workload.generated_tokens / run_reference(reference, workload, batch_size, model.tokenizer.pad_token_id)
     best_mode = max(by_mode, key=by_mode.get)
     engine_tps = workload.generated_tokens / engine_s
     engine_flops = 2 * params * (workload.prompt_tokens + workload.generated_tokens) / engine_s
     return EngineBenchResult(
         dtype=config.dtype,
+        reference_dtype=ref_dtype,
         requests=len(workload.prompts),
         prompt_tokens=workload.prompt_tokens,
         generated_tokens=workload.generated_tokens,

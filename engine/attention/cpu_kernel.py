@@ -2,7 +2,7 @@
 engine/kernels/cpu_build.py). One call attends a whole step (the varlen layout of
 engine/runner/forward_batch.py, as the Triton kernel reads it): each K/V row read in place, where the
 torch path gathers every decode's and later slice's blocks per layer and runs SDPA per first
-slice (engine/attention/backend.py picks it)."""
+slice (engine/attention/backend.py chooses it once)."""
 
 import torch
 

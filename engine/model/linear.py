@@ -2,17 +2,11 @@
 no step pays for reordering them again:
 - where the CPU has AVX512-BF16 (and the CPU kernels built), into engine/kernels/csrc/linear_cpu.cpp's
   blocked layout ([N/16, K/2, 16, 2]: 16 output columns by pairs of inputs), which its kernel
-  reads as one stream per 16 columns: SmolLM2's projections, 30 layers of them, 1.5-1.8x
-  faster than on oneDNN's packed weights at 1-2 rows (at one row 28-32 GB/s against 18-19,
-  where a plain copy moved 34-38), 1.25-1.35x at 4-16, 1.08-1.28x at 64 and 1.01-1.08x at
-  256-512 (two rounds of a throwaway script, 2026-12-06, on a CPU without AMX).
+  reads as one stream per 16 columns; faster than oneDNN's packed weights at every row count
+  measured, most at one or two rows, where a decode step is bound by the weights' bytes.
   Where the CPU also has AMX and the inputs come in whole 32-wide tiles, linear_amx.cpp
   multiplies the same blocks as AMX tiles, at every row count (so a row's result does not depend
-  on how many others share its step): on a Xeon with AMX, SmolLM2's 120 projections took
-  12.6-12.7 ms at one row (as fast as the AVX512 kernel; oneDNN packed 25.0), 13.1 ms at 16
-  rows (AVX512 29.5, oneDNN 25.1), 30-43 ms at 64 (AVX512 99.8, oneDNN 40.7), 78.6 at 128
-  (oneDNN 56.6) and 204-226 ms at 512 (AVX512 712, oneDNN 324): one round each of a throwaway
-  script, 2026-12-06;
+  on how many others share its step). The figures are on the benchmarks page of the docs;
 - where the CPU has AVX2 but no AVX512-BF16, into the same blocked layout, for
   engine/kernels/csrc/linear_avx2.cpp (widened to float32 in registers; from 128 rows a float32 copy
   for the call and torch's GEMM);

@@ -8,11 +8,10 @@ from dataclasses import dataclass
 import torch
 
 from common.quant_spec import NO_QUANT, LayerQuant, QuantSpec
-from engine.attention.backend import GatherBuffers, paged_attention
+from engine.attention.backend import choose_attention_backend
 from engine.attention.kv_cache import KVCache
 from engine.attention.metadata import ForwardBatch
 from engine.base.model_config import ModelConfig
-from engine.kernels.cpu_build import cpu_kernel
 from engine.lora.slots import LoRASlots
 from engine.model.layer_ops import add_rms_norm, rotary_to_cache, silu_mul
 from engine.model.linear import Weight
@@ -50,9 +49,8 @@ class LlamaModel:
         self.dtype = dtype
         self.quant = quant
         self.lora = lora  # adapters' deltas, added to the projections of tokens that use one
-        self.gather_buffers = GatherBuffers()  # the torch attention path's scratch, reused by every layer
-        if torch.device(device).type == "cpu":
-            cpu_kernel()  # built (or found built) now rather than in the first step
+        self.attention = choose_attention_backend(device)  # once: every layer of every step uses it
+        self.attention_scale = config.head_dim**-0.5
 
         def w(name: str) -> torch.Tensor:
             return weights[name].to(device=device, dtype=dtype)
@@ -108,7 +106,7 @@ class LlamaModel:
             qkv = self._project(batch, index, "qkv", h, layer.qkv, layer.qkv_bias)
             q = rotary_to_cache(qkv, self.rope.cos, self.rope.sin, batch.positions, batch.slot_mapping, kv.k[index], kv.v[index],
                                 c.num_heads)
-            attended = paged_attention(q, kv.k[index], kv.v[index], batch, self.gather_buffers)
+            attended = self.attention.forward(q, kv.k[index], kv.v[index], batch, self.attention_scale)
             h = add_rms_norm(x, self._project(batch, index, "o", attended.view(-1, q_size), layer.o, layer.o_bias),
                              layer.post_attention_norm, eps)
             mlp_out = self._project(batch, index, "down", silu_mul(self._project(batch, index, "gate_up", h, layer.gate_up)),

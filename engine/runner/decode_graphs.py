@@ -14,9 +14,9 @@ more than it manages), so padding reads and writes nothing a sequence owns; thei
 computed and dropped. Steps with a prefill slice or LoRA tokens, and steps of more decodes than
 the largest bucket, run eagerly.
 
-No GPU was lent to this work: capture and replay have not run. The padding they rely on is
-tested on a CPU against the eager forward (tests/engine/test_decode_graphs.py); the tests of
-capture and replay there run where CUDA is."""
+Capture and replay have not yet run on a GPU (the README's status says where each part was
+verified). The padding they rely on is tested on a CPU against the eager forward
+(tests/engine/test_decode_graphs.py); the tests of capture and replay there run where CUDA is."""
 
 import logging
 import time

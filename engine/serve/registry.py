@@ -30,6 +30,7 @@ class EngineProfile:
     block_size: int = 16  # tokens per KV block: the unit of its prefix-cache hashes
     prefix_caching: bool = True
     incarnation: str = ""  # new at every start: a restarted engine's cache starts empty
+    dtype: str = ""  # what it computes in (engines of a pool must agree: the same request, the same tokens)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ def registry_entry(profile: EngineProfile, stats: EngineStats, health: HealthRep
         "block_size": profile.block_size,
         "prefix_caching": profile.prefix_caching,
         "incarnation": profile.incarnation,
+        "dtype": profile.dtype,
         "prefix_cache_hit_rate": round(stats.prefix_hit_rate, 4),
         "ttft_p95_s": None if stats.ttft_p95_s is None else round(stats.ttft_p95_s, 4),
         **health.fields(),

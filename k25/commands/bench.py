@@ -253,13 +253,13 @@ def run_engine_bench(args: argparse.Namespace) -> int:
         print(json.dumps(result.as_dict()))
         return 0
     print(f"workload       {result.requests} requests, {result.prompt_tokens} prompt + {result.generated_tokens} generated tokens")
-    print(f"engine         {result.engine_tokens_per_s:8.1f} generated tok/s  ({result.engine_seconds:.1f} s)")
+    print(f"engine         {result.engine_tokens_per_s:8.1f} generated tok/s  ({result.engine_seconds:.1f} s, {result.dtype})")
     for mode, tps in result.reference_tokens_per_s_by_mode.items():
-        print(f"transformers   {tps:8.1f} generated tok/s  ({mode})")
+        print(f"transformers   {tps:8.1f} generated tok/s  ({mode}, {result.reference_dtype})")
     print(f"ratio          {result.ratio:8.2f}x  (engine / best transformers mode, {result.reference_best_mode})")
     print(
         f"roofline       {result.roofline_fraction:8.2f}  (engine {result.engine_flops_per_s / 1e9:.1f} GFLOP/s "
-        f"of a {result.matmul_peak_flops_per_s / 1e9:.1f} GFLOP/s {result.dtype} matmul peak)"
+        f"of a {result.matmul_peak_flops_per_s / 1e9:.1f} GFLOP/s {result.dtype} matmul peak through the engine's projection)"
     )
     print(
         f"decode, batch 1 {result.decode_step_seconds * 1e3:7.2f} ms a step at {result.decode_context_tokens} tokens of context: "

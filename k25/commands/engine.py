@@ -172,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
         heartbeat_ttl_s=args.heartbeat_ttl_s,
         block_size=config.block_size,
         prefix_caching=config.prefix_caching,
+        dtype=config.dtype,
         incarnation=uuid.uuid4().hex,
     )
     server.traces = RequestTraces(engine_id, args.pool, args.model)

@@ -100,7 +100,7 @@ def load_for_engine(args: argparse.Namespace, **config_fields):
     from common.quant_spec import NO_QUANT, QuantSpecError, parse_quant_spec
     from engine.base.config import EngineConfig
     from engine.base.errors import EngineConfigError
-    from engine.hardware.dtype_choice import choose_dtype, matmul_seconds
+    from engine.hardware.dtype_choice import choose_dtype, this_cpu_bf16_path
     from engine.model.loader import load_model, model_config
     from engine.quant.check import check_quant, resolve_dtype
 
@@ -116,10 +116,8 @@ def load_for_engine(args: argparse.Namespace, **config_fields):
     requested = resolve_dtype(args.dtype, quant)  # auto with quantised weights: bfloat16
     if quant.quantized:  # refused before the weights load
         check_quant(quant, model_config(args.model), args.device, requested)
-    measure = None
-    if requested == "auto" and not args.device.startswith("cuda"):
-        measure = matmul_seconds(model_config(args.model), (1, args.max_num_seqs))
-    choice = choose_dtype(requested, args.device, measure)
+    on_cpu = requested == "auto" and not args.device.startswith("cuda")
+    choice = choose_dtype(requested, args.device, this_cpu_bf16_path() if on_cpu else None)
     reason = "auto with --quant: the quantised kernels take bfloat16" if requested != args.dtype else choice.reason
     log.info("dtype %s (%s)%s", choice.name, reason, f", weights {quant}" if quant.quantized else "")
     model = load_model(args.model, choice.dtype)

@@ -6,6 +6,9 @@ import sys
 
 import pytest
 
+from bench.engine_bench import reference_dtype
+from engine.hardware.dtype_choice import cpu_flags
+
 pytestmark = pytest.mark.slow  # runs the engine and transformers in a subprocess
 
 
@@ -24,3 +27,14 @@ def test_bench_engine_json_has_the_promised_figures():
     assert set(figures["reference_tokens_per_s_by_mode"]) == {"one-at-a-time", "static-batch-4"}
     assert figures["ratio"] == figures["engine_tokens_per_s"] / figures["reference_tokens_per_s"]
     assert figures["requests"] == 4 and 4 * 4 <= figures["generated_tokens"] <= 4 * 12
+    # transformers in its own best dtype here, never in an emulated one
+    assert figures["reference_dtype"] == reference_dtype(cpu_flags())
+
+
+@pytest.mark.parametrize("flags, expected", [
+    ({"avx2", "avx512f", "avx512_bf16"}, "bfloat16"), ({"avx2", "amx_bf16", "amx_tile"}, "bfloat16"),
+    ({"avx2", "fma"}, "float32"),  # torch would emulate bf16: several times slower than its own fp32
+    (set(), "float32"),
+])
+def test_transformers_runs_in_its_best_dtype_for_the_cpu(flags, expected):
+    assert reference_dtype(flags) == expected

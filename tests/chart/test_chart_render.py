@@ -21,12 +21,12 @@ from tests.helpers.helm_chart import (
     value_set_id,
     values_args,
 )
-from tests.helpers.paths import K8S
+from tests.helpers.paths import CRDS, K8S
 
 KUBERNETES_VERSIONS = ["1.30", kv.latest_version()]
 K8S = K8S
 EXAMPLES = sorted((K8S / "examples").glob("*.yaml"))
-K8S_CRD_NAMES = {d["metadata"]["name"] for p in (K8S / "crds").glob("*.yaml") for d in yaml.safe_load_all(p.read_text())}
+CRD_NAMES = {d["metadata"]["name"] for p in CRDS.glob("*.yaml") for d in yaml.safe_load_all(p.read_text())}
 # kinds no schema here describes: checked by hand in tests/test_chart_wiring.py
 CHECKED_ELSEWHERE = {("monitoring.coreos.com/v1", "ServiceMonitor")}
 value_sets = pytest.mark.parametrize("values", VALUE_SETS, ids=value_set_id)
@@ -68,7 +68,7 @@ def test_helm_lint_passes(values):
 def test_every_rendered_object_is_valid_kubernetes(values, version):
     objects = rendered(values)
     crds = of_kind(objects, "CustomResourceDefinition")
-    assert {c["metadata"]["name"] for c in crds} == K8S_CRD_NAMES
+    assert {c["metadata"]["name"] for c in crds} == CRD_NAMES
     problems = {}
     for obj in objects:
         where = f"{obj['kind']}/{obj['metadata']['name']}"

@@ -12,7 +12,7 @@ from tests.helpers.crd_schema import as_json_schema
 from tests.helpers.helm_chart import CHART, RELEASE, helm, render_error
 
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
-CRD = yaml.safe_load((CHART.parent.parent / "k8s" / "crds" / "enginepool.yaml").read_text())
+CRD = yaml.safe_load((CHART / "crds" / "enginepool.yaml").read_text())
 CRD_SPEC = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
 CRD_LORA = CRD_SPEC["properties"]["lora"]["properties"]
 
@@ -162,7 +162,7 @@ def bound_differences(ours: dict, crd: dict, path: str) -> list[str]:
 
 
 def crd_spec(name: str) -> dict:
-    crd = yaml.safe_load((CHART.parent.parent / "k8s" / "crds" / name).read_text())
+    crd = yaml.safe_load((CHART / "crds" / name).read_text())
     return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
 
 

@@ -52,14 +52,6 @@ def env_of(c: dict) -> dict:
 
 # --- one source of truth ------------------------------------------------------------------
 
-def test_the_charts_crds_are_byte_identical_to_k8s_crds():
-    """`make chart-crds` copies them; this fails whenever the copies drift."""
-    ours = {p.name: p.read_bytes() for p in (CHART / "crds").glob("*.yaml")}
-    theirs = {p.name: p.read_bytes() for p in (K8S / "crds").glob("*.yaml")}
-    assert ours.keys() == theirs.keys()
-    assert [name for name in ours if ours[name] != theirs[name]] == []
-
-
 def test_the_operators_cluster_role_has_exactly_the_rules_of_k8s_rbac():
     reference = next(d for d in yaml.safe_load_all((K8S / "rbac" / "operator.yaml").read_text()) if d["kind"] == "ClusterRole")
     objects = rendered(None)

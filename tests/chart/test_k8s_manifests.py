@@ -12,10 +12,10 @@ from k25.cli import build_parser
 from operators.config import RELEASE_LABEL
 from operators.pool_spec import MAX_CHUNK_PER_GPU, parse_pool_spec
 from tests.helpers.crd_schema import custom_resource_errors, with_defaults
-from tests.helpers.paths import K8S
+from tests.helpers.paths import CRDS, K8S
 
 K8S = K8S
-CRD = yaml.safe_load((K8S / "crds" / "enginepool.yaml").read_text())
+CRD = yaml.safe_load((CRDS / "enginepool.yaml").read_text())
 VERSION = CRD["spec"]["versions"][0]
 SPEC_SCHEMA = VERSION["schema"]["openAPIV3Schema"]["properties"]["spec"]
 EXAMPLES = sorted((K8S / "examples").glob("enginepool-*.yaml"))

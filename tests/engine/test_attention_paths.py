@@ -6,8 +6,8 @@ prefill slice and a later slice over cached context, with block tables out of or
 import pytest
 import torch
 
-from engine.attention import backend as attention
-from engine.attention.backend import GatherBuffers, paged_attention
+from engine.attention.backend import CpuKernelAttention, choose_attention_backend
+from engine.attention.torch_path import TorchAttention
 from engine.attention.torch_reference import paged_attention_reference
 from engine.core.sampling_params import SamplingParams
 from engine.core.sequence import Sequence
@@ -33,13 +33,13 @@ def make_batch(generator: torch.Generator):
     return items
 
 
-@pytest.mark.parametrize("decodes_by", ["kernel", "torch"])
+def test_a_cpu_with_the_kernels_built_attends_with_them():
+    assert choose_attention_backend("cpu").name == "cpu-kernel", "the CPU kernels did not build"
+
+
+@pytest.mark.parametrize("backend", [CpuKernelAttention, TorchAttention], ids=["kernel", "torch"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cpu_attention_equals_the_reference_on_a_mixed_batch(dtype, decodes_by, monkeypatch):
-    if decodes_by == "torch":
-        monkeypatch.setattr(attention, "cpu_kernel", lambda: None)
-    else:
-        assert attention.cpu_kernel() is not None, "the CPU kernel did not build"
+def test_cpu_attention_equals_the_reference_on_a_mixed_batch(dtype, backend):
     generator = torch.Generator().manual_seed(0)
     items = make_batch(generator)
     tables = BlockTables(len(items), NUM_BLOCKS)
@@ -57,7 +57,7 @@ def test_cpu_attention_equals_the_reference_on_a_mixed_batch(dtype, decodes_by, 
     # the step's new K/V are in the cache before attention (engine/model/layer_ops.py writes them)
     k_cache.index_copy_(1, batch.slot_mapping, k.transpose(0, 1))
     v_cache.index_copy_(1, batch.slot_mapping, v.transpose(0, 1))
-    ours = paged_attention(q, k_cache, v_cache, batch, GatherBuffers())
+    ours = backend().forward(q, k_cache, v_cache, batch, scale)
     exact = paged_attention_reference(
         q.double(), k_cache.transpose(0, 1).double(), v_cache.transpose(0, 1).double(),
         batch.block_tables, batch.query_start, batch.seq_lens, BLOCK, scale,

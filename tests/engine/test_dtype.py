@@ -1,8 +1,6 @@
 """The engine's dtype: how --dtype resolves, loading straight into it, and bf16 against the
 fp32 transformers reference (teacher-forced, so one early difference cannot snowball)."""
 
-import math
-
 import pytest
 import torch
 
@@ -10,7 +8,7 @@ from engine.attention.kv_cache import KVCache
 from engine.base.errors import EngineConfigError
 from engine.core.sampling_params import SamplingParams
 from engine.core.sequence import Sequence
-from engine.hardware.dtype_choice import choose_dtype, faster_dtype, matmul_seconds
+from engine.hardware.dtype_choice import bf16_path, choose_dtype, cpu_flags, this_cpu_bf16_path
 from engine.model.llama import LlamaModel
 from engine.model.loader import TINY_CONFIG, load_model, model_config
 from engine.runner.block_tables import BlockTables
@@ -24,36 +22,39 @@ MIN_TOP1_AGREEMENT = 0.98
 MAX_MEAN_KL_NATS = 0.02
 
 
-def never_measured(name):
-    raise AssertionError("measured although the choice needs no measurement")
-
-
 @pytest.mark.parametrize("requested, device, expected", [
     ("float32", "cpu", "float32"), ("bfloat16", "cpu", "bfloat16"), ("float16", "cuda", "float16"),
     ("auto", "cuda", "bfloat16"), ("auto", "cuda:1", "bfloat16"), ("bfloat16", "cuda", "bfloat16"),
 ])
-def test_a_set_dtype_or_cuda_needs_no_measurement(requested, device, expected):
-    assert choose_dtype(requested, device, never_measured).name == expected
+def test_a_set_dtype_is_kept_and_auto_on_cuda_is_bfloat16(requested, device, expected):
+    for path in (None, "AVX2"):  # whatever the CPU
+        assert choose_dtype(requested, device, path).name == expected
 
 
-@pytest.mark.parametrize("seconds, expected", [
-    ({"float32": (2.0, 2.0), "bfloat16": (1.0, 1.0)}, "bfloat16"),
-    ({"float32": (1.0, 1.0), "bfloat16": (3.0, 3.0)}, "float32"),
-    ({"float32": (1.0, 1.0), "bfloat16": (1.0, 1.0)}, "float32"),  # a tie goes to the exact one
-    ({"float32": (1.15, 1.15), "bfloat16": (1.0, 1.0)}, "float32"),  # ... and so does a lead within the noise (MARGIN)
-    ({"float32": (1.2, 1.2), "bfloat16": (1.0, 1.0)}, "bfloat16"),
-    # an AVX2-only CPU: half the bytes at batch 1, a tie at a full batch: geometric mean 1.39
-    ({"float32": (0.18, 2.0), "bfloat16": (0.09, 2.1)}, "bfloat16"),
-    # a 2x gain at one batch size cancels a 2x loss at the other
-    ({"float32": (2.0, 1.0), "bfloat16": (1.0, 2.0)}, "float32"),
-    # summed, the full batch would decide alone; in the geometric mean a 4% loss there does not
-    ({"float32": (0.2, 10.0), "bfloat16": (0.1, 10.4)}, "bfloat16"),
+@pytest.mark.parametrize("flags, has_kernel, amx, path", [
+    ({"avx2", "avx512f", "avx512_bf16", "amx_bf16"}, True, True, "AMX"),
+    ({"avx2", "avx512f", "avx512_bf16"}, True, False, "AVX512-BF16"),
+    ({"avx2", "fma"}, True, False, "AVX2"),
+    ({"avx2", "avx512_bf16"}, False, False, None),  # the CPU kernels did not build: torch would emulate bf16
+    ({"sse4_2"}, True, False, None),
 ])
-def test_auto_on_a_cpu_takes_the_faster_measured_dtype(seconds, expected):
-    assert faster_dtype(seconds) == expected
-    choice = choose_dtype("auto", "cpu", seconds.__getitem__)
+def test_the_bf16_path_follows_the_cpus_instructions_and_the_built_kernel(flags, has_kernel, amx, path):
+    assert bf16_path(flags, has_kernel, amx) == path
+
+
+@pytest.mark.parametrize("path, expected", [("AMX", "bfloat16"), ("AVX512-BF16", "bfloat16"), ("AVX2", "bfloat16"), (None, "float32")])
+def test_auto_on_a_cpu_is_decided_by_the_bf16_path_and_says_why(path, expected):
+    choice = choose_dtype("auto", "cpu", path)
     assert choice.name == expected and choice.dtype == getattr(torch, expected)
-    assert "float32" in choice.reason and "bfloat16" in choice.reason  # the log says what was measured
+    assert (path or "no bfloat16 projection kernel") in choice.reason
+
+
+def test_auto_on_this_cpu_is_the_same_every_time():
+    """No stopwatch: two resolutions on one machine cannot disagree (they did, near a timing margin)."""
+    first = choose_dtype("auto", "cpu", this_cpu_bf16_path())
+    assert all(choose_dtype("auto", "cpu", this_cpu_bf16_path()) == first for _ in range(3))
+    assert bf16_path(cpu_flags(), True, False) == ("AVX512-BF16" if "avx512_bf16" in cpu_flags() else
+                                                    "AVX2" if "avx2" in cpu_flags() else None)
 
 
 @pytest.mark.parametrize("requested, device, fragment", [
@@ -61,14 +62,7 @@ def test_auto_on_a_cpu_takes_the_faster_measured_dtype(seconds, expected):
 ])
 def test_a_dtype_the_device_cannot_run_is_refused_with_a_clear_message(requested, device, fragment):
     with pytest.raises(EngineConfigError, match=fragment):
-        choose_dtype(requested, device, never_measured)
-
-
-def test_the_measurement_runs_the_models_matmul_in_both_dtypes():
-    measure = matmul_seconds(TINY_CONFIG, (1, 4), repeats=2)
-    for name in ("float32", "bfloat16"):
-        times = measure(name)
-        assert len(times) == 2 and all(math.isfinite(t) and t > 0 for t in times)
+        choose_dtype(requested, device)
 
 
 def test_weights_load_straight_into_the_target_dtype():

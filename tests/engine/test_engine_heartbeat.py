@@ -15,7 +15,7 @@ from tests.helpers.redis_server import free_port, redis_client, redis_server  # 
 PROFILE = EngineProfile(
     engine_id="e1", address="10.0.0.7:5555", pool="long", node_type="h100-80g", model="smollm2-135m",
     chunk_size=4096, max_chunk_per_gpu=8, capacity_tokens=32768, max_model_len=8192,
-    kv_admission_limit=0.9, max_waiting=256, heartbeat_ttl_s=5.0, block_size=32, incarnation="abc",
+    kv_admission_limit=0.9, max_waiting=256, heartbeat_ttl_s=5.0, block_size=32, incarnation="abc", dtype="bfloat16",
 )
 
 
@@ -27,7 +27,7 @@ def test_the_entry_holds_the_facts_and_the_load():
         "model": "smollm2-135m", "chunk_size": 4096, "max_chunk_per_gpu": 8, "capacity_tokens": 32768,
         "max_model_len": 8192, "kv_admission_limit": 0.9, "max_waiting": 256, "heartbeat_ttl_s": 5.0,
         "free_kv_fraction": 0.75, "running": 3, "waiting": 1, "adapters": [],
-        "block_size": 32, "prefix_caching": True, "incarnation": "abc", "prefix_cache_hit_rate": 0.24,
+        "block_size": 32, "prefix_caching": True, "incarnation": "abc", "dtype": "bfloat16", "prefix_cache_hit_rate": 0.24,
         "ttft_p95_s": None, "healthy": True, "unhealthy_reason": "", "draining": False, "last_step_at": None, "step_failures": 0,
     }
     assert json.loads(json.dumps(entry)) == entry

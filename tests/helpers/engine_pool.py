@@ -10,9 +10,9 @@ from operators.config import OperatorConfig
 from operators.deployment import build_deployment
 from operators.pool_spec import parse_pool_spec
 from tests.helpers.crd_schema import custom_resource_errors
-from tests.helpers.paths import K8S
+from tests.helpers.paths import CRDS
 
-CRD = yaml.safe_load((K8S / "crds" / "enginepool.yaml").read_text())
+CRD = yaml.safe_load((CRDS / "enginepool.yaml").read_text())
 CPU_POOL = {"nodeType": "CPU", "model": "m", "chunkSize": 256}
 GPU_POOL = {"nodeType": "H100-80G", "model": "m", "chunkSize": 512}
 _POOL = {"apiVersion": "k25.io/v1alpha1", "kind": "EnginePool", "metadata": {"name": "p", "namespace": "s", "uid": "u"}}

@@ -4,4 +4,5 @@ import pathlib
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"
+CRDS = REPO / "charts" / "k25" / "crds"  # the CRDs' one copy: Helm installs them from the chart
 CONTRACTS = REPO / "tests" / "fixtures" / "contracts"

@@ -10,10 +10,10 @@ import yaml
 
 from operators.rollout_spec import RolloutSpecError, parse_rollout_spec
 from tests.helpers.crd_schema import cel_errors, custom_resource_errors, with_defaults
-from tests.helpers.paths import K8S
+from tests.helpers.paths import CRDS, K8S
 
 K8S = K8S
-CRD = yaml.safe_load((K8S / "crds" / "adapterrollout.yaml").read_text())
+CRD = yaml.safe_load((CRDS / "adapterrollout.yaml").read_text())
 VERSION = CRD["spec"]["versions"][0]
 SPEC_SCHEMA = VERSION["schema"]["openAPIV3Schema"]["properties"]["spec"]
 EXAMPLES = sorted((K8S / "examples").glob("adapterrollout-*.yaml"))

@@ -6,9 +6,8 @@
 // probabilities rounded to bf16); float32 caches, and bf16 ones without AVX512-BF16, run in
 // float32 with AVX2; the rest (float16, other CPUs) take plain loops the compiler vectorises.
 // Prefill slices attend as tiles (below): in bf16 on a CPU with AVX512-BF16, their two products
-// on AMX where the CPU has it (attention_amx.cpp: 2.8x faster than the AVX512-BF16 tiles for
-// 256 rows after 768 of context, 1.71 against 4.71 ms a layer, one round of a throwaway script
-// on 2026-12-06); in float32 with AVX2 elsewhere (float32 caches, or no AVX512-BF16).
+// on AMX where the CPU has it (attention_amx.cpp; its figures against the AVX512-BF16 tiles are on
+// the benchmarks page of the docs); in float32 with AVX2 elsewhere (float32 caches, or no AVX512-BF16).
 // Built by engine/kernels/cpu_build.py for the machine it runs on (-march=native).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
