@@ -16,6 +16,7 @@ has stalled, and the kubelet restarts the engine after three such answers in a r
 import os
 from collections.abc import Mapping
 
+from common.engine_settings import engine_args as settings_args
 from common.zmq_curve import ENV as CURVE_ENV
 from operators.config import CURVE_SECRET_KEY_KEY, REDIS_URL_KEY, OperatorConfig
 from operators.pool_spec import MODELS_MOUNT, SCRATCH_MOUNT, EnginePoolSpec
@@ -80,17 +81,7 @@ def engine_args(spec: EnginePoolSpec, pool_name: str, release: str) -> list[str]
              "--drain-timeout-s", str(spec.drain_timeout_s)]
     for file, digest in sorted(spec.model_sha256.items()):
         args += ["--model-sha256", f"{file}={digest}"]
-    # the compute settings the pool sets; the rest are the engine's defaults for its device
-    for flag, value in (("--dtype", spec.dtype), ("--quant", spec.quant),
-                        ("--max-num-batched-tokens", spec.max_num_batched_tokens),
-                        ("--max-num-seqs", spec.max_num_seqs), ("--gpu-memory-utilization", spec.gpu_memory_utilization),
-                        ("--overtake-limit-s", spec.overtake_limit_s)):
-        if value is not None:
-            args += [flag, str(value)]
-    if not spec.prefix_caching:
-        args.append("--no-prefix-caching")
-    if not spec.cuda_graphs:
-        args.append("--no-cuda-graphs")
+    args += settings_args(spec.engine_settings)  # the compute settings the pool sets; the rest are the engine's defaults
     if spec.lora is not None:  # with Redis, the engine then loads the versions the rollout state names
         args += ["--max-loras", str(spec.lora.max_loras), "--max-cpu-loras", str(spec.lora.max_cpu_loras),
                  "--max-lora-rank", str(spec.lora.max_lora_rank), "--lora-kernel", spec.lora.kernel,

@@ -1,11 +1,11 @@
 """An EnginePool's spec as a typed value, with the defaults and checks of its CRD (the
 API server enforces them too; checking here keeps the operator honest on any server)."""
 
-import math
 import re
 from dataclasses import dataclass, field
 
-from common.quant_spec import QuantSpecError, parse_quant_spec
+from common.engine_settings import SettingError, read_spec
+from common.quant_spec import parse_quant_spec
 from operators.autoscale_policy import ScalingRules
 from operators.predictive_policy import PredictiveRules
 
@@ -17,9 +17,6 @@ AUTO = "auto"
 GPU_TAINT_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 LORA_KERNELS = ("torch", "triton")
 AUTOSCALING_POLICIES = ("predictive", "reactive")
-# `k25 engine --dtype` (k25/commands/engine_settings.py); auto: bfloat16 on CUDA, on a CPU the
-# faster of float32 and bfloat16 measured at start. float16 runs only on CUDA.
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 # an absolute path of plain segments (no '.', '..', '//' or trailing '/'), as the CRD's pattern
 ADAPTER_ROOT = re.compile(r"(/[A-Za-z0-9_-][A-Za-z0-9._-]*)+")
 # the engine pod's mounts (operators/deployment.py): /tmp, its one writable place under a
@@ -70,16 +67,10 @@ class EnginePoolSpec:
     ttft_slo_s: float | None = None  # the latency guard's SLO; None: no latency guard
     pod_annotations: dict[str, str] = field(default_factory=dict)  # on the engine pods (the chart's secrets digest)
     lora: LoraSpec | None = None  # None: adapters off
-    # the engines' compute settings (`k25 engine --dtype ...`); None: the engine's default
-    dtype: str | None = None
-    quant: str | None = None  # `k25 engine --quant` (common/quant_spec.py), as written in the spec
+    # the engines' compute settings the spec sets, by name (common/engine_settings.py); the rest
+    # are the engine's defaults
+    engine_settings: dict[str, object] = field(default_factory=dict)
     expected_chunks_per_request: int | None = None  # with max_chunk_per_gpu auto; None: the engine's default
-    max_num_batched_tokens: int | None = None
-    max_num_seqs: int | None = None
-    gpu_memory_utilization: float | None = None
-    overtake_limit_s: float | None = None  # 0: first come, first served
-    prefix_caching: bool = True
-    cuda_graphs: bool = True  # `k25 engine --no-cuda-graphs` when false
     drain_timeout_s: int = 25  # on SIGTERM, running requests get this long to finish
     model_sha256: dict[str, str] = field(default_factory=dict)  # file -> the sha256 the engine checks
 
@@ -128,14 +119,7 @@ def parse_pool_spec(spec: dict) -> EnginePoolSpec:
         ttft_slo_s=None if spec.get("ttftSloSeconds") is None else _positive(spec, "ttftSloSeconds", 0),
         pod_annotations=_string_map(spec, "podAnnotations"),
         lora=None if spec.get("lora") is None else _lora(spec["lora"]),
-        dtype=None if spec.get("dtype") is None else _dtype(spec["dtype"]),
-        quant=None if spec.get("quant") is None else _quant(spec["quant"]),
-        max_num_batched_tokens=_optional_integer(spec, "maxNumBatchedTokens", least=1),
-        max_num_seqs=_optional_integer(spec, "maxNumSeqs", least=1),
-        gpu_memory_utilization=_optional_fraction(spec, "gpuMemoryUtilization"),
-        overtake_limit_s=_optional_seconds(spec, "overtakeLimitS"),
-        prefix_caching=_boolean(spec, "prefixCaching", True),
-        cuda_graphs=_boolean(spec, "cudaGraphs", True),
+        engine_settings=_engine_settings(spec),
         drain_timeout_s=_integer(spec, "drainTimeoutSeconds", 25, least=0, most=MAX_DRAIN_TIMEOUT_S),
         model_sha256=_model_sha256(spec.get("modelSha256") or {}),
     )
@@ -144,15 +128,15 @@ def parse_pool_spec(spec: dict) -> EnginePoolSpec:
                             f"spec.maxReplicas ({parsed.max_replicas})")
     if parsed.lora is not None and parsed.lora.kernel == "triton" and not parsed.gpus_per_replica:
         raise PoolSpecError("spec.lora.kernel triton needs a GPU: spec.gpusPerReplica of at least 1")
-    if parsed.dtype == "float16" and not parsed.gpus_per_replica:
+    dtype, quant = parsed.engine_settings.get("dtype"), parsed.engine_settings.get("quant")
+    if dtype == "float16" and not parsed.gpus_per_replica:
         raise PoolSpecError("spec.dtype float16 needs a GPU: spec.gpusPerReplica of at least 1 "
                             "(on a CPU use float32, bfloat16 or auto)")
     if parsed.expected_chunks_per_request is not None and parsed.max_chunk_per_gpu != AUTO:
         raise PoolSpecError("spec.expectedChunksPerRequest is read only with spec.maxChunkPerGpu auto")
-    if parsed.quant is not None and parse_quant_spec(parsed.quant).quantized:
-        if parsed.dtype not in (None, "auto", "bfloat16"):
-            raise PoolSpecError(f"spec.quant needs dtype bfloat16 or auto (the quantised kernels take bfloat16 "
-                                f"activations), got {parsed.dtype}")
+    if quant is not None and parse_quant_spec(quant).quantized and dtype not in (None, "auto", "bfloat16"):
+        raise PoolSpecError(f"spec.quant needs dtype bfloat16 or auto (the quantised kernels take bfloat16 "
+                            f"activations), got {dtype}")
     return parsed
 
 
@@ -164,26 +148,17 @@ def _max_chunk_per_gpu(value) -> int | str:
     return _integer({"maxChunkPerGpu": value}, "maxChunkPerGpu", None, least=1)
 
 
-def _quant(quant) -> str:
-    if not isinstance(quant, str):
-        raise PoolSpecError(f"spec.quant must be a string such as attn=int8,mlp=int4:g32, got {quant!r}")
-    try:
-        parse_quant_spec(quant)
-    except QuantSpecError as exc:
-        raise PoolSpecError(f"spec.quant: {exc}") from None
-    return quant
-
-
 def _autoscaling_policy(policy) -> str:
     if policy not in AUTOSCALING_POLICIES:
         raise PoolSpecError(f"spec.autoscalingPolicy must be one of {', '.join(AUTOSCALING_POLICIES)}, got {policy!r}")
     return policy
 
 
-def _dtype(dtype) -> str:
-    if dtype not in DTYPES:
-        raise PoolSpecError(f"spec.dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    return dtype
+def _engine_settings(spec: dict) -> dict[str, object]:
+    try:
+        return read_spec(spec)
+    except SettingError as exc:
+        raise PoolSpecError(str(exc)) from None
 
 
 def _lora(lora) -> LoraSpec:
@@ -251,33 +226,8 @@ def _integer(spec: dict, name: str, default: int | None, least: int, path: str =
     return value
 
 
-def _boolean(spec: dict, name: str, default: bool) -> bool:
-    value = spec.get(name, default)
-    if not isinstance(value, bool):
-        raise PoolSpecError(f"spec.{name} must be true or false, got {value!r}")
-    return value
-
-
 def _optional_integer(spec: dict, name: str, least: int) -> int | None:
     return None if spec.get(name) is None else _integer(spec, name, None, least=least)
-
-
-def _optional_fraction(spec: dict, name: str) -> float | None:
-    value = spec.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise PoolSpecError(f"spec.{name} must be a number in (0, 1], got {value!r}")
-    return float(value)
-
-
-def _optional_seconds(spec: dict, name: str) -> float | None:
-    value = spec.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:  # NaN too
-        raise PoolSpecError(f"spec.{name} must be a number of seconds, 0 or more, got {value!r}")
-    return float(value)
 
 
 def _string_map(spec: dict, name: str) -> dict[str, str]:

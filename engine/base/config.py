@@ -2,6 +2,13 @@
 
 from dataclasses import dataclass
 
+from common.engine_settings import BY_NAME
+
+
+def _default(name: str):
+    """The engine's default for a compute setting, as declared once in common/engine_settings.py."""
+    return BY_NAME[name].default
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -10,20 +17,20 @@ class EngineConfig:
     expected_chunks_per_request: int = 1  # for max_chunk_per_gpu "auto": KV chunks a request holds (prompt + output)
     node_type: str = "cpu"
     block_size: int = 16  # tokens per KV block
-    prefix_caching: bool = True  # reuse the KV of full blocks whose prefix was computed before
-    max_num_batched_tokens: int = 512  # the one token budget of a step, decodes and prefill chunks together
-    max_num_seqs: int = 128  # running sequences at once
+    prefix_caching: bool = _default("prefix_caching")  # reuse the KV of full blocks whose prefix was computed before
+    max_num_batched_tokens: int = _default("max_num_batched_tokens")  # the one token budget of a step, decodes and prefill chunks together
+    max_num_seqs: int = _default("max_num_seqs")  # running sequences at once
     max_waiting: int = 1024  # queued requests beyond which new ones get RESOURCE_EXHAUSTED
     # a waiting request may be overtaken by ones with fewer prompt tokens left to compute for
     # this long (engine/core/admission_order.py); 0: first come, first served
-    overtake_limit_s: float = 5.0  # k25 engine --overtake-limit-s
+    overtake_limit_s: float = _default("overtake_limit_s")  # k25 engine --overtake-limit-s
     kv_admission_limit: float = 0.92  # KV use above which new requests get RESOURCE_EXHAUSTED
     device: str = "cpu"
     dtype: str = "float32"
     quant: str | None = None  # weight widths per layer type (common/quant_spec.py); None: unquantised
     cpu_memory_budget_gib: float = 2.0  # what weights + KV may use when device is cpu
-    gpu_memory_utilization: float = 0.90  # fraction of GPU memory weights + KV may use
-    cuda_graphs: bool = True  # decode steps replay captured CUDA graphs (engine/runner/decode_graphs.py); no effect off CUDA
+    gpu_memory_utilization: float = _default("gpu_memory_utilization")  # fraction of GPU memory weights + KV may use
+    cuda_graphs: bool = _default("cuda_graphs")  # decode steps replay captured CUDA graphs (engine/runner/decode_graphs.py); no effect off CUDA
     # LoRA adapters (engine/lora/)
     max_loras: int = 0  # adapters on the device at once; 0 turns adapters off
     max_cpu_loras: int = 8  # adapters whose weights stay in CPU memory (at least max_loras)

@@ -4,47 +4,36 @@
 import argparse
 import logging
 
-from common.quant_spec import PRESETS
+from common.engine_settings import SETTINGS, EngineSetting, SettingError
 
 log = logging.getLogger("k25.engine")
-
-# measured on the 2-core CPU of this project's machines (README, Measured); on CUDA the same
-# defaults hold until a GPU run measures better ones
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
-DEFAULT_MAX_NUM_SEQS = 128
-DEFAULT_OVERTAKE_LIMIT_S = 5.0
-
 
 def add_engine_settings(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("compute")
     group.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
-    group.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                       help="weights, activations and KV cache: auto is bfloat16 on CUDA and on a CPU whichever of "
-                       "float32 and bfloat16 multiplies the model's matrices faster there, measured at start (default auto)")
-    group.add_argument("--quant", default=None, metavar="SPEC",
-                       help="weight width per layer type, e.g. embed=bf16,attn=int8,mlp=int4:g64,head=int8, or a "
-                       f"preset ({', '.join(PRESETS)}); types not named stay bf16; needs bfloat16 (auto picks it) "
-                       "(default: none)")
-    group.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
-                       help=f"the token budget of one step, decodes and prefill slices together (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})")
-    group.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS,
-                       help=f"sequences running at once (default {DEFAULT_MAX_NUM_SEQS})")
-    group.add_argument("--overtake-limit-s", type=seconds_flag, default=DEFAULT_OVERTAKE_LIMIT_S, metavar="SECONDS",
-                       help="waiting requests are admitted fewest prompt tokens left to compute first (a question about "
-                       "a cached document before a new document); one that has waited this long goes first-come-first-"
-                       f"served again; 0: first come, first served (default {DEFAULT_OVERTAKE_LIMIT_S:g})")
-    group.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
-                       help="reuse the KV of full blocks whose prompt prefix was computed before (default on)")
-    group.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
-                       help="on CUDA, decode steps of up to --max-num-seqs sequences replay CUDA graphs captured at "
-                       "start (one launch a step instead of one a kernel); --no-cuda-graphs runs every step eagerly "
-                       "(default on; no effect off CUDA)")
-    group.add_argument("--gpu-memory-utilization", type=float, default=0.90,
-                       help="fraction of GPU memory that weights and KV cache may use (default 0.90)")
+    for setting in SETTINGS:  # common/engine_settings.py: each declared once, with its pool field
+        if setting.kind == "boolean":
+            group.add_argument(setting.flag, action=argparse.BooleanOptionalAction, default=setting.default,
+                               help=f"{setting.help} (default {'on' if setting.default else 'off'})")
+            continue
+        default = "unset" if setting.default is None else f"{setting.default:g}" if setting.kind == "number" else setting.default
+        group.add_argument(setting.flag, type=_flag_type(setting), default=setting.default, metavar=setting.metavar,
+                           choices=setting.choices or None, help=f"{setting.help} (default {default})")
     group.add_argument("--cpu-threads", type=cpu_threads_flag, default="auto", metavar="N|auto",
                        help="threads for the CPU's compute: auto is the CPUs this process may use, its affinity set "
                        "capped by its cgroup's CPU quota (a pod's CPU limit), where torch would start one a core of "
                        "the machine (default auto)")
+
+
+def _flag_type(setting: EngineSetting):
+    def parse(text: str):
+        try:
+            return setting.parse_flag(text)
+        except SettingError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = setting.kind  # argparse names it in "invalid <type> value"
+    return parse
 
 
 def _count_or_auto(text: str, unit: str) -> int | str:
@@ -57,17 +46,6 @@ def _count_or_auto(text: str, unit: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected a whole number of {unit} or auto, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1 (or auto), got {value}")
-    return value
-
-
-def seconds_flag(text: str) -> float:
-    """A flag's value: 0 or more seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not 0 <= value < float("inf"):  # NaN too
-        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text}")
     return value
 
 
@@ -104,11 +82,7 @@ def load_for_engine(args: argparse.Namespace, **config_fields):
     from engine.model.loader import load_model, model_config
     from engine.quant.check import check_quant, resolve_dtype
 
-    set_cpu_threads(args.cpu_threads)
-    if not 0 < args.gpu_memory_utilization <= 1:
-        raise EngineConfigError(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
-    if args.max_num_batched_tokens < 1 or args.max_num_seqs < 1:
-        raise EngineConfigError("--max-num-batched-tokens and --max-num-seqs must be at least 1")
+    set_cpu_threads(args.cpu_threads)  # the flags' bounds were checked as they were parsed (common/engine_settings.py)
     try:
         quant = parse_quant_spec(args.quant) if args.quant else NO_QUANT
     except QuantSpecError as exc:
@@ -121,10 +95,7 @@ def load_for_engine(args: argparse.Namespace, **config_fields):
     reason = "auto with --quant: the quantised kernels take bfloat16" if requested != args.dtype else choice.reason
     log.info("dtype %s (%s)%s", choice.name, reason, f", weights {quant}" if quant.quantized else "")
     model = load_model(args.model, choice.dtype)
-    config = EngineConfig(
-        device=args.device, dtype=choice.name, quant=str(quant) if quant.quantized else None,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs, overtake_limit_s=args.overtake_limit_s, gpu_memory_utilization=args.gpu_memory_utilization,
-        prefix_caching=args.prefix_caching, cuda_graphs=args.cuda_graphs, **config_fields,
-    )
+    settings = {setting.name: getattr(args, setting.name) for setting in SETTINGS}
+    settings.update(dtype=choice.name, quant=str(quant) if quant.quantized else None)  # as resolved above
+    config = EngineConfig(device=args.device, **settings, **config_fields)
     return model, config

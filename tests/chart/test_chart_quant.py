@@ -40,7 +40,7 @@ def test_what_the_parser_reads_the_crd_and_the_operator_accept_on_a_cpu_pool(tex
     parse_quant_spec(text)
     assert re.fullmatch(QUANT_SCHEMA["pattern"], text)
     assert api_server_errors({**CPU_POOL, "quant": text}) == []
-    assert parse_pool_spec({**CPU_POOL, "quant": text}).quant == text
+    assert parse_pool_spec({**CPU_POOL, "quant": text}).engine_settings["quant"] == text
 
 
 @pytest.mark.parametrize("text", MALFORMED)
@@ -49,7 +49,7 @@ def test_what_the_parser_refuses_the_crd_and_the_operator_refuse(text):
         parse_quant_spec(text)
     assert not re.fullmatch(QUANT_SCHEMA["pattern"], text)
     assert any("does not match" in e for e in api_server_errors({**CPU_POOL, "quant": text}))
-    with pytest.raises(PoolSpecError, match="spec.quant: "):
+    with pytest.raises(PoolSpecError, match="spec.quant is not a weight spec: "):
         parse_pool_spec({**CPU_POOL, "quant": text})
 
 
@@ -62,7 +62,7 @@ def test_quantised_weights_in_another_dtype_are_refused_by_the_crd_and_the_opera
     with pytest.raises(PoolSpecError, match=re.escape(reason)):
         parse_pool_spec(spec)
     # none is no quantisation: allowed anywhere
-    assert api_server_errors({**spec, "quant": "none"}) == [] and parse_pool_spec({**spec, "quant": "none"}).quant == "none"
+    assert api_server_errors({**spec, "quant": "none"}) == [] and parse_pool_spec({**spec, "quant": "none"}).engine_settings["quant"] == "none"
 
 
 def test_a_type_set_twice_passes_the_pattern_and_the_operator_refuses_it():

@@ -127,24 +127,24 @@ def test_compute_settings_are_optional_and_reach_the_operator_as_written():
         with_defaults(SPEC_SCHEMA, VALID))  # absent: the engine's defaults, no schema default
     for limit in (0, 2.5):  # 0: first come, first served
         assert api_server_accepts({**VALID, "overtakeLimitS": limit}) == []
-        assert parse_pool_spec(with_defaults(SPEC_SCHEMA, {**VALID, "overtakeLimitS": limit})).overtake_limit_s == limit
+        assert parse_pool_spec(with_defaults(SPEC_SCHEMA, {**VALID, "overtakeLimitS": limit})).engine_settings["overtake_limit_s"] == limit
     settings = {"dtype": "bfloat16", "maxNumBatchedTokens": 2048, "maxNumSeqs": 256, "gpuMemoryUtilization": 1}
     assert api_server_accepts({**VALID, **settings}) == []
     spec = parse_pool_spec(with_defaults(SPEC_SCHEMA, {**VALID, **settings}))
-    assert (spec.dtype, spec.max_num_batched_tokens, spec.max_num_seqs, spec.gpu_memory_utilization) == (
-        "bfloat16", 2048, 256, 1.0)
+    assert spec.engine_settings == {"dtype": "bfloat16", "max_num_batched_tokens": 2048, "max_num_seqs": 256,
+                                    "gpu_memory_utilization": 1.0, "prefix_caching": True, "cuda_graphs": True}
     for dtype in ("auto", "float32", "bfloat16"):  # every dtype but float16 runs on a CPU
         cpu = {"nodeType": "CPU", "model": "tiny-random", "chunkSize": 256, "dtype": dtype}
-        assert api_server_accepts(cpu) == [] and parse_pool_spec(cpu).dtype == dtype
+        assert api_server_accepts(cpu) == [] and parse_pool_spec(cpu).engine_settings["dtype"] == dtype
     # float16 with a GPU, whatever the node type is called
     assert api_server_accepts({**VALID, "nodeType": "CPU", "gpusPerReplica": 1, "dtype": "float16"}) == []
     assert api_server_accepts({**VALID, "dtype": "float16"}) == []
 
 
 def test_cuda_graphs_default_to_on_and_a_pool_may_turn_them_off():
-    assert parse_pool_spec(with_defaults(SPEC_SCHEMA, VALID)).cuda_graphs is True
+    assert parse_pool_spec(with_defaults(SPEC_SCHEMA, VALID)).engine_settings["cuda_graphs"] is True
     assert api_server_accepts({**VALID, "cudaGraphs": False}) == []
-    assert parse_pool_spec(with_defaults(SPEC_SCHEMA, {**VALID, "cudaGraphs": False})).cuda_graphs is False
+    assert parse_pool_spec(with_defaults(SPEC_SCHEMA, {**VALID, "cudaGraphs": False})).engine_settings["cuda_graphs"] is False
     assert api_server_accepts({**VALID, "cudaGraphs": "off"}) != []
 
 

@@ -1,7 +1,8 @@
 import pytest
 
 from k25.cli import build_parser
-from operators.pool_spec import DTYPES, GPU_TAINT_TOLERATION, LoraSpec, PoolSpecError, parse_pool_spec
+from common.engine_settings import DTYPES
+from operators.pool_spec import GPU_TAINT_TOLERATION, LoraSpec, PoolSpecError, parse_pool_spec
 
 MINIMAL = {"nodeType": "A100-40G", "model": "m", "chunkSize": 1024}
 
@@ -129,28 +130,28 @@ def test_the_triton_lora_kernel_needs_a_gpu():
 
 
 def test_compute_settings_are_the_engines_defaults_unless_set():
-    spec = parse_pool_spec(MINIMAL)
-    assert (spec.dtype, spec.max_num_batched_tokens, spec.max_num_seqs, spec.gpu_memory_utilization) == (
-        None, None, None, None)
+    assert parse_pool_spec(MINIMAL).engine_settings == {}
     spec = parse_pool_spec({**MINIMAL, "dtype": "bfloat16", "maxNumBatchedTokens": 2048, "maxNumSeqs": 256,
-                            "gpuMemoryUtilization": 0.92})
-    assert (spec.dtype, spec.max_num_batched_tokens, spec.max_num_seqs, spec.gpu_memory_utilization) == (
-        "bfloat16", 2048, 256, 0.92)
-    assert parse_pool_spec({**MINIMAL, "gpuMemoryUtilization": 1}).gpu_memory_utilization == 1.0
+                            "gpuMemoryUtilization": 0.92, "prefixCaching": False})
+    assert spec.engine_settings == {"dtype": "bfloat16", "max_num_batched_tokens": 2048, "max_num_seqs": 256,
+                                    "gpu_memory_utilization": 0.92, "prefix_caching": False}
+    assert parse_pool_spec({**MINIMAL, "gpuMemoryUtilization": 1}).engine_settings["gpu_memory_utilization"] == 1.0
 
 
 def test_the_overtake_limit_is_the_engines_default_unless_set_and_0_is_a_setting():
-    assert parse_pool_spec(MINIMAL).overtake_limit_s is None
-    assert parse_pool_spec({**MINIMAL, "overtakeLimitS": None}).overtake_limit_s is None
-    assert parse_pool_spec({**MINIMAL, "overtakeLimitS": 2.5}).overtake_limit_s == 2.5
-    zero = parse_pool_spec({**MINIMAL, "overtakeLimitS": 0}).overtake_limit_s  # first come, first served
+    def overtake_limit(spec):
+        return parse_pool_spec({**MINIMAL, **spec}).engine_settings.get("overtake_limit_s")
+
+    assert overtake_limit({}) is None and overtake_limit({"overtakeLimitS": None}) is None
+    assert overtake_limit({"overtakeLimitS": 2.5}) == 2.5
+    zero = overtake_limit({"overtakeLimitS": 0})  # first come, first served
     assert zero == 0.0 and isinstance(zero, float)
-    assert parse_pool_spec({**MINIMAL, "overtakeLimitS": 30}).overtake_limit_s == 30.0
+    assert overtake_limit({"overtakeLimitS": 30}) == 30.0
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_every_engine_dtype_is_accepted_on_a_gpu(dtype):
-    assert parse_pool_spec({**MINIMAL, "dtype": dtype}).dtype == dtype
+    assert parse_pool_spec({**MINIMAL, "dtype": dtype}).engine_settings["dtype"] == dtype
 
 
 def test_the_dtypes_are_the_ones_k25_engine_takes():
@@ -168,16 +169,17 @@ def test_the_dtypes_are_the_ones_k25_engine_takes():
     ({"maxNumBatchedTokens": "512"}, "spec.maxNumBatchedTokens must be an integer"),
     ({"maxNumSeqs": 0}, "spec.maxNumSeqs must be at least 1, got 0"),
     ({"maxNumSeqs": 1.5}, "spec.maxNumSeqs must be an integer"),
-    ({"gpuMemoryUtilization": 0}, r"spec.gpuMemoryUtilization must be a number in \(0, 1\], got 0"),
-    ({"gpuMemoryUtilization": 1.2}, r"spec.gpuMemoryUtilization must be a number in \(0, 1\], got 1.2"),
+    ({"gpuMemoryUtilization": 0}, r"spec.gpuMemoryUtilization must be above 0, got 0"),
+    ({"gpuMemoryUtilization": 1.2}, r"spec.gpuMemoryUtilization must be at most 1, got 1.2"),
     ({"gpuMemoryUtilization": "0.9"}, "spec.gpuMemoryUtilization must be a number"),
     ({"gpuMemoryUtilization": True}, "spec.gpuMemoryUtilization must be a number"),
-    ({"overtakeLimitS": -1}, r"spec.overtakeLimitS must be a number of seconds, 0 or more, got -1"),
-    ({"overtakeLimitS": -0.5}, r"spec.overtakeLimitS must be a number of seconds, 0 or more, got -0.5"),
-    ({"overtakeLimitS": "5"}, "spec.overtakeLimitS must be a number of seconds, 0 or more, got '5'"),
-    ({"overtakeLimitS": True}, "spec.overtakeLimitS must be a number of seconds, 0 or more, got True"),
-    ({"overtakeLimitS": float("nan")}, "spec.overtakeLimitS must be a number of seconds, 0 or more, got nan"),
-    ({"overtakeLimitS": float("inf")}, "spec.overtakeLimitS must be a number of seconds, 0 or more, got inf"),
+    ({"overtakeLimitS": -1}, r"spec.overtakeLimitS must be at least 0, got -1"),
+    ({"overtakeLimitS": -0.5}, r"spec.overtakeLimitS must be at least 0, got -0.5"),
+    ({"overtakeLimitS": "5"}, "spec.overtakeLimitS must be a number, got '5'"),
+    ({"overtakeLimitS": True}, "spec.overtakeLimitS must be a number, got True"),
+    ({"overtakeLimitS": float("nan")}, "spec.overtakeLimitS must be a number, got nan"),
+    ({"overtakeLimitS": float("inf")}, "spec.overtakeLimitS must be a number, got inf"),
+    ({"quant": "attn=int6"}, "spec.quant "),
     ({"prefixCaching": "no"}, "spec.prefixCaching must be true or false, got 'no'"),
     ({"cudaGraphs": 0}, "spec.cudaGraphs must be true or false, got 0"),
 ])
@@ -191,8 +193,9 @@ def test_float16_needs_a_gpu():
         with pytest.raises(PoolSpecError, match=r"spec.dtype float16 needs a GPU: spec.gpusPerReplica of at least 1"):
             parse_pool_spec({**MINIMAL, **cpu, "dtype": "float16"})
     for dtype in ("auto", "float32", "bfloat16"):
-        assert parse_pool_spec({**MINIMAL, "nodeType": "CPU", "dtype": dtype}).dtype == dtype
-    assert parse_pool_spec({**MINIMAL, "nodeType": "CPU", "gpusPerReplica": 1, "dtype": "float16"}).dtype == "float16"
+        assert parse_pool_spec({**MINIMAL, "nodeType": "CPU", "dtype": dtype}).engine_settings["dtype"] == dtype
+    on_a_gpu = parse_pool_spec({**MINIMAL, "nodeType": "CPU", "gpusPerReplica": 1, "dtype": "float16"})
+    assert on_a_gpu.engine_settings["dtype"] == "float16"
 
 
 def test_engines_drain_for_25_seconds_and_check_no_digest_unless_the_pool_says():
