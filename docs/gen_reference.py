@@ -20,6 +20,7 @@ import importlib
 import json
 import os
 import pathlib
+import re
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -58,7 +59,7 @@ def _cell(text) -> str:
     angle brackets (`<image.repository>` would read as an HTML tag)."""
     parts = " ".join(str(text).split()).replace("|", "\\|").split("`")
     for i in range(0, len(parts), 2):
-        parts[i] = parts[i].replace("<", "&lt;").replace(">", "&gt;")
+        parts[i] = re.sub(r"<(?=[A-Za-z/!])", "&lt;", parts[i])
     return "`".join(parts)
 
 
@@ -203,12 +204,15 @@ def _type_of(node: dict, definitions: dict) -> str:
     if kind == "array" and "items" in node:
         kind = f"list of {_type_of(node['items'], definitions)}"
     bounds = []
-    if "minimum" in node:
-        bounds.append(f"≥ {node['minimum']}")
-    if "exclusiveMinimum" in node:
-        bounds.append(f"> {node['exclusiveMinimum']}")
+    exclusive_min, exclusive_max = node.get("exclusiveMinimum"), node.get("exclusiveMaximum")
+    if "minimum" in node:  # OpenAPI v3 (the CRDs) writes exclusiveMinimum: true beside minimum
+        bounds.append(f"{'>' if exclusive_min is True else '≥'} {node['minimum']}")
+    if exclusive_min is not None and not isinstance(exclusive_min, bool):
+        bounds.append(f"> {exclusive_min}")
     if "maximum" in node:
-        bounds.append(f"≤ {node['maximum']}")
+        bounds.append(f"{'<' if exclusive_max is True else '≤'} {node['maximum']}")
+    if exclusive_max is not None and not isinstance(exclusive_max, bool):
+        bounds.append(f"< {exclusive_max}")
     return kind + (f" ({', '.join(bounds)})" if bounds else "")
 
 

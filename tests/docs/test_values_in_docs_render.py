@@ -8,7 +8,7 @@ import pytest
 from tests.helpers.helm_chart import of_kind, rendered_with
 from tests.helpers.paths import REPO
 
-PAGES = [REPO / "README.md", REPO / "docs" / "getting-started" / "cluster.md"]
+PAGES = [REPO / "README.md", REPO / "docs" / "getting-started" / "cluster.md", REPO / "docs" / "guides" / "lora-rollouts.md"]
 
 
 def values_blocks(text: str) -> list[str]:
