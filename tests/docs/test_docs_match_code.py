@@ -50,8 +50,9 @@ K25_AT_COMMAND = re.compile(r"(?:^|[;&|]\s*|\$\s+|/bin/|^\s*\./)k25((?:\s+[^\s;&
 
 
 def code_snippets(text: str) -> list[str]:
-    """The lines of fenced code blocks (continuation lines joined) and the inline code spans."""
-    snippets, fenced = [], re.findall(r"^```[^\n]*\n(.*?)^```", text, flags=re.M | re.S)
+    """The lines of shell code blocks (continuation lines joined) and the inline code spans; other
+    blocks hold logs, output or diagrams."""
+    snippets, fenced = [], re.findall(r"^```(?:sh|bash|shell|console)\n(.*?)^```", text, flags=re.M | re.S)
     for block in fenced:
         snippets += block.replace("\\\n", " ").splitlines()
     prose = re.sub(r"^```[^\n]*\n.*?^```", "", text, flags=re.M | re.S)
@@ -130,6 +131,7 @@ def test_every_relative_link_resolves_inside_the_repository(page):
     site (README, CONTRIBUTING, CHANGELOG, the chart's README) and that no link leaves the repository."""
     broken = []
     text = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.M | re.S)
+    text = re.sub(r"`[^`\n]*`", "", text)  # code spans: a regex such as [a-z]([a-z]) is no link
     for groups in LINK.findall(text):
         target = next(g for g in groups if g)
         if re.match(r"^[a-z]+:", target) or target.startswith("#"):
@@ -189,3 +191,15 @@ FORBIDDEN = re.compile(r"throwaway|this session|later session|next session|last 
                          ids=rel)
 def test_no_page_speaks_of_how_the_work_was_organised(page):
     assert FORBIDDEN.findall(page.read_text(encoding="utf-8")) == []
+
+
+# ---------------------------------------------------------------- the chart's README
+
+def test_the_chart_readme_names_every_pool_key_of_the_schema():
+    import json
+
+    schema = json.loads((REPO / "charts/k25/values.schema.json").read_text())
+    readme = (REPO / "charts/k25/README.md").read_text(encoding="utf-8")
+    pools = readme.split("## Engine pools", 1)[1].split("\n## ", 1)[0]
+    keys = schema["definitions"]["pool"]["properties"]
+    assert [key for key in keys if f"`{key}`" not in pools] == []
