@@ -159,8 +159,11 @@ def _chart_page() -> str:
     import yaml
 
     schema = json.loads((REPO / "charts/k25/values.schema.json").read_text())
-    values = yaml.safe_load((REPO / "charts/k25/values.yaml").read_text())
+    values_text = (REPO / "charts/k25/values.yaml").read_text()
+    values = yaml.safe_load(values_text)
     definitions = schema.get("definitions", {})
+    comments = _values_comments(values_text)
+    crd_fields = _crd_spec_descriptions()
     lines = [HEADER.format(cmd=REGENERATE), "# Helm chart values\n\n",
              "Every value of the chart `charts/k25/`, from its `values.schema.json` (which `helm install` "
              "checks: a misspelt key or a wrong type fails with the value's path), with the defaults of "
@@ -169,7 +172,8 @@ def _chart_page() -> str:
     for key, node in schema["properties"].items():
         rows = list(_schema_rows(key, node, definitions, values.get(key), lists))
         lines.append(f"\n## `{key}`\n\n| value | type | default | meaning |\n|---|---|---|---|\n")
-        lines += [f"| `{p}` | {_cell(t)} | {_cell(d)} | {_cell(m)} |\n" for p, t, d, m in rows]
+        lines += [f"| `{p}` | {_cell(t)} | {_cell(d)} | {_cell(m or _comment_for(p, comments))} |\n"
+                  for p, t, d, m in rows]
     for path, item in lists:
         lines.append(f"\n## Each entry of `{path}` {{#each-entry-of-{_slug(path[:-2])}}}\n\n")
         if item.get("description"):
@@ -178,10 +182,61 @@ def _chart_page() -> str:
         if required:
             lines.append(" Required keys: " + ", ".join(f"`{r}`" for r in required) + ".")
         lines.append("\n\n| key | type | meaning |\n|---|---|---|\n")
+        kind = "enginepools" if path == "engine.pools[]" else "adapterrollouts"
         for key, node in item.get("properties", {}).items():
             for p, t, _, m in _schema_rows(key, node, definitions, None, []):
-                lines.append(f"| `{p}` | {_cell(t)} | {_cell(m)} |\n")
+                lines.append(f"| `{p}` | {_cell(t)} | {_cell(m or crd_fields.get((kind, p), ''))} |\n")
     return "".join(lines)
+
+
+def _values_comments(text: str) -> dict[str, str]:
+    """value path -> the comment lines right above its key in values.yaml (list items skipped)."""
+    found, pending, stack = {}, [], []  # stack: (indent, key) of the enclosing mappings
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            pending.append(stripped.lstrip("#").strip())
+            continue
+        match = re.match(r"^(\s*)([A-Za-z0-9_]+):", line)
+        if not match:
+            pending = []
+            continue
+        indent = len(match.group(1))
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        path = ".".join([k for _, k in stack] + [match.group(2)])
+        if pending:
+            found[path] = " ".join(pending)
+        pending = []
+        stack.append((indent, match.group(2)))
+    return found
+
+
+def _comment_for(path: str, comments: dict[str, str]) -> str:
+    """A value's own comment in values.yaml; for `x.enabled`, the comment on `x`."""
+    if path in comments:
+        return comments[path]
+    parent, _, leaf = path.rpartition(".")
+    return comments.get(parent, "") if leaf == "enabled" else ""
+
+
+def _crd_spec_descriptions() -> dict[tuple[str, str], str]:
+    """(plural, spec field path) -> its description in k8s/crds/: a pool's keys are the EnginePool
+    spec, a rollout's the AdapterRollout spec."""
+    import yaml
+
+    found = {}
+    for path in sorted((REPO / "k8s/crds").glob("*.yaml")):
+        for crd in yaml.safe_load_all(path.read_text()):
+            if not crd:
+                continue
+            plural = crd["spec"]["names"]["plural"]
+            for version in crd["spec"]["versions"]:
+                spec = version["schema"]["openAPIV3Schema"].get("properties", {}).get("spec", {})
+                for field, _, _, meaning in _crd_rows("spec", spec, []):
+                    if meaning:
+                        found[(plural, field.removeprefix("spec."))] = meaning.removeprefix("**required.** ")
+    return found
 
 
 def _resolve(node: dict, definitions: dict) -> dict:
