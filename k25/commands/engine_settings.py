@@ -8,7 +8,7 @@ from common.quant_spec import PRESETS
 
 log = logging.getLogger("k25.engine")
 
-# measured on the 2-core CPU of this project's machines (README, Measured); on CUDA the same
+# measured on 2-core CPUs (docs/benchmarks/); on CUDA the same
 # defaults hold until a GPU run measures better ones
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
 DEFAULT_MAX_NUM_SEQS = 128
