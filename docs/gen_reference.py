@@ -387,7 +387,8 @@ def _metrics_page() -> str:
              "its own at `/metrics`: the gateway on its HTTP port, the engine on `--metrics-port` (9100 in the "
              "chart), the chunker on `--metrics-port` (9600). With `monitoring.serviceMonitor.enabled`, engine "
              "series also carry a `pool` label. Counters are exported with the `_total` suffix, histograms as "
-             "`_bucket`, `_sum` and `_count`.\n"]
+             "`_bucket`, `_sum` and `_count`. The operator exports no metrics of its own: its decisions are in "
+             "each EnginePool's and AdapterRollout's status and conditions (`kubectl describe`).\n"]
     for part, module, cls in METRICS_SOURCES:
         instance = getattr(importlib.import_module(module), cls)()
         collectors = list(instance.registry._collector_to_names)
