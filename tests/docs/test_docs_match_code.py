@@ -203,3 +203,17 @@ def test_the_chart_readme_names_every_pool_key_of_the_schema():
     pools = readme.split("## Engine pools", 1)[1].split("\n## ", 1)[0]
     keys = schema["definitions"]["pool"]["properties"]
     assert [key for key in keys if f"`{key}`" not in pools] == []
+
+
+def test_every_figure_in_the_results_table_is_on_the_benchmarks_pages():
+    """The README shows the latest figures; the benchmarks pages hold them with their workloads.
+    A figure in the README that no benchmarks page holds was not copied from a measurement."""
+    pages = "".join(p.read_text(encoding="utf-8") for p in (REPO / "docs" / "benchmarks").glob("*.md"))
+    header, rows = results_table()
+    missing = []
+    for row in rows:
+        result = dict(zip(header, row))["result"]
+        for number in re.findall(r"\d+(?:\.\d+)?", result.replace(",", "")):
+            if number not in pages.replace(",", ""):
+                missing.append(f"{number} ({result})")
+    assert missing == []
