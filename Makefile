@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast proto clean
+.PHONY: run test test-fast proto docs docs-reference clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -70,5 +70,15 @@ test-fast: need-redis-server $(STAMP) $(KERNELS) $(HELM)
 proto: $(STAMP)
 	$(BIN)/python -m proto.generate
 
+# the documentation site (mkdocs.yml, docs/) into site/; --strict: any warning (a broken link
+# or anchor, a page left out of the nav) fails the build
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# the reference pages generated from the code (docs/reference/: CLI, chart values, CRDs,
+# metrics, error codes); tests/docs/ fails when the committed ones are out of date
+docs-reference: $(STAMP)
+	$(BIN)/python docs/gen_reference.py
+
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) site

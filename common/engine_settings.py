@@ -93,6 +93,8 @@ SETTINGS = (
         help="weight width per layer type, e.g. embed=bf16,attn=int8,mlp=int4:g64,head=int8, or a preset "
              f"({', '.join(PRESETS)}); types not named stay bf16; needs dtype bfloat16 or auto; unset: unquantised",
     ),
+    # the token budget's and the sequences' defaults were measured on 2-core CPUs (docs/benchmarks/);
+    # on CUDA they hold until a GPU run measures better ones
     EngineSetting(
         "max_num_batched_tokens", "maxNumBatchedTokens", "integer", 512, minimum=1,
         help="the token budget of one step, decodes and prefill slices together",

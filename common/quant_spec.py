@@ -63,7 +63,7 @@ class Preset:
     about: str
 
 
-# chosen from `k25 bench quant` on SmolLM2-135M (README, Quantization); each promises a mean KL
+# chosen from `k25 bench quant` on SmolLM2-135M (docs/benchmarks/index.md); each promises a mean KL
 # against the unquantised model (teacher-forced), which tests/engine/test_quant_presets.py checks
 PRESETS = {
     "none": Preset("embed=bf16,attn=bf16,mlp=bf16,head=bf16", 0.0, "unquantised"),
