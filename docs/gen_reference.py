@@ -6,7 +6,7 @@
 The sources:
 - the `k25` command line: the argparse parser that `k25.cli.build_parser()` builds;
 - the chart's values: `charts/k25/values.schema.json`, defaults from `charts/k25/values.yaml`;
-- the custom resources: `k8s/crds/*.yaml`;
+- the custom resources: `charts/k25/crds/*.yaml`;
 - the metrics: the Prometheus registry of each part (METRICS_SOURCES below);
 - the error codes: the `ErrorCode` enum of `proto/k25.proto` (through `proto.k25_pb2`) and the
   gateway's mapping of each code to an HTTP answer.
@@ -30,7 +30,7 @@ REGENERATE = ".venv/bin/python docs/gen_reference.py   # or: make docs-reference
 # Where each part declares its metrics: (part, module, class whose instances own a
 # `registry`). Update this list, and only this list, when a metrics module moves.
 METRICS_SOURCES = [
-    ("engine", "engine.metrics", "EngineMetrics"),
+    ("engine", "engine.serve.metrics", "EngineMetrics"),
     ("gateway", "services.gateway.metrics", "GatewayMetrics"),
     ("chunker", "services.chunker.metrics", "ChunkerMetrics"),
 ]
@@ -221,12 +221,12 @@ def _comment_for(path: str, comments: dict[str, str]) -> str:
 
 
 def _crd_spec_descriptions() -> dict[tuple[str, str], str]:
-    """(plural, spec field path) -> its description in k8s/crds/: a pool's keys are the EnginePool
+    """(plural, spec field path) -> its description in charts/k25/crds/: a pool's keys are the EnginePool
     spec, a rollout's the AdapterRollout spec."""
     import yaml
 
     found = {}
-    for path in sorted((REPO / "k8s/crds").glob("*.yaml")):
+    for path in sorted((REPO / "charts/k25/crds").glob("*.yaml")):
         for crd in yaml.safe_load_all(path.read_text()):
             if not crd:
                 continue
@@ -309,10 +309,10 @@ def _crd_page() -> str:
     import yaml
 
     lines = [HEADER.format(cmd=REGENERATE), "# Custom resources\n\n",
-             "Every field of the custom resources K25 defines, from `k8s/crds/*.yaml` (the chart's `crds/` "
-             "holds byte-identical copies). The API server enforces the types, bounds and rules below; the "
+             "Every field of the custom resources K25 defines, from `charts/k25/crds/*.yaml` (their one copy, "
+             "which Helm installs). The API server enforces the types, bounds and rules below; the "
              "operator checks a spec again and reports what it refuses in the resource's status.\n"]
-    for path in sorted((REPO / "k8s/crds").glob("*.yaml")):
+    for path in sorted((REPO / "charts/k25/crds").glob("*.yaml")):
         for crd in yaml.safe_load_all(path.read_text()):
             if crd:
                 lines.append(_crd_section(crd, path.name))
@@ -326,7 +326,7 @@ def _crd_section(crd: dict, file: str) -> str:
            f"`{spec['group']}`, {spec['scope'].lower()}, plural `{names['plural']}`"]
     if names.get("shortNames"):
         out.append(", short name " + ", ".join(f"`{n}`" for n in names["shortNames"]))
-    out.append(f"; defined in `k8s/crds/{file}`.\n")
+    out.append(f"; defined in `charts/k25/crds/{file}`.\n")
     for version in spec["versions"]:
         out.append(f"\n### {names['kind']} {version['name']}\n\n")
         columns = version.get("additionalPrinterColumns", [])

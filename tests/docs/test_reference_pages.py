@@ -1,6 +1,6 @@
 """The reference pages under docs/reference/ are generated from the code (docs/gen_reference.py):
 the CLI from its argparse parser, the chart values from values.schema.json, the CRD fields from
-k8s/crds/, the metric families from each part's registry, the error codes from the proto enum.
+charts/k25/crds/, the metric families from each part's registry, the error codes from the proto enum.
 A committed page that differs from a fresh generation fails here, with the command to run."""
 
 import importlib.util
