@@ -64,7 +64,7 @@ class Preset:
 
 
 # chosen from `k25 bench quant` on SmolLM2-135M (docs/benchmarks/index.md); each promises a mean KL
-# against the unquantised model (teacher-forced), which tests/engine/test_quant_presets.py checks
+# against the unquantised model (teacher-forced), which tests/engine/quant/test_quant_presets.py checks
 PRESETS = {
     "none": Preset("embed=bf16,attn=bf16,mlp=bf16,head=bf16", 0.0, "unquantised"),
     "int8": Preset("embed=bf16,attn=int8,mlp=int8,head=int8", 0.02, "every projection and the head in int8"),

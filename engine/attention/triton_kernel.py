@@ -35,7 +35,7 @@ for decodes (4 warps), 64 for prefill (32 at head_dim 256; 8 warps). Float32 (no
 multiplies with FMAs whose operands all sit in registers: 16 rows, 8 warps. Chosen from sweeps
 compiled for sm_80 and sm_90 (registers and spills read from the cubins) over head dims 16-256
 and GQA groups 1-16, as shapes that keep their tiles in registers (a few values parked on the
-stack at most: 24 bytes a thread); tests/engine/test_triton_compiles.py compiles them again.
+stack at most: 24 bytes a thread); tests/engine/kernels/test_triton_compiles.py compiles them again.
 
 Precision: q.k and p.v go through tl.dot with float32 accumulation ("ieee" for float32 inputs,
 so no TF32); for 16-bit inputs the probabilities are rounded to V's dtype before p.v, as in

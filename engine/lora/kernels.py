@@ -84,7 +84,7 @@ def _block_r(rank: int) -> int:
 
 # Past rank 64 (shrink) or 32 (expand), 8 warps, and the expand's programs take 32 output
 # features instead of 64: its fp32 s @ B.T multiplies with FMAs, operands in registers. The
-# shapes that spill nothing on sm_80 and sm_90 (tests/engine/test_triton_compiles.py).
+# shapes that spill nothing on sm_80 and sm_90 (tests/engine/kernels/test_triton_compiles.py).
 def shrink_meta(dtype: torch.dtype, rank: int) -> dict:
     """_shrink_kernel's constexprs and num_warps for inputs of `dtype` and adapters of `rank`."""
     block_r = _block_r(rank)

@@ -5,7 +5,7 @@ Each has a torch version (CUDA, and a CPU where the kernels could not be built) 
 CPU, a fused C++ one (engine/kernels/csrc/layer_ops_cpu.cpp) that does in one pass what the torch
 version does in 3-10 ops: at batch 1 the dispatch of those ops cost more than their
 arithmetic. The C++ versions compute in float32 and round once; the torch ones round after
-each op, as Hugging Face's do in bf16 (tests/engine/test_layer_ops.py bounds both against
+each op, as Hugging Face's do in bf16 (tests/engine/model/test_layer_ops.py bounds both against
 float64)."""
 
 import torch

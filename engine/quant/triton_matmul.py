@@ -52,7 +52,7 @@ def dequant_meta(dtype: torch.dtype, bits: int, group: int) -> dict:
     """_dequant_matmul_kernel's constexprs and num_warps for inputs of `dtype` and weights of
     `bits` in groups of `group` columns. float32 (no TF32) multiplies with FMAs, operands in
     registers: 8 warps, the shape that spills nothing on sm_80 and sm_90
-    (tests/engine/test_triton_compiles.py)."""
+    (tests/engine/kernels/test_triton_compiles.py)."""
     return dict(BITS=bits, GROUP=group, MID=INT4_MID, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
                 num_warps=8 if dtype == torch.float32 else 4,
                 PRECISION="ieee" if dtype == torch.float32 else "tf32")  # the latter is ignored for 16-bit inputs

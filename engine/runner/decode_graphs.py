@@ -16,7 +16,7 @@ the largest bucket, run eagerly.
 
 Capture and replay have not yet run on a GPU (the README's status says where each part was
 verified). The padding they rely on is tested on a CPU against the eager forward
-(tests/engine/test_decode_graphs.py); the tests of capture and replay there run where CUDA is."""
+(tests/engine/runner/test_decode_graphs.py); the tests of capture and replay there run where CUDA is."""
 
 import logging
 import time

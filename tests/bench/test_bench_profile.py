@@ -1,5 +1,5 @@
 """`k25 bench profile`: its workload, its refusals of flags that cannot work, and a small real
-run on the tiny model (the decision itself: tests/engine/test_chunk_choice.py)."""
+run on the tiny model (the decision itself: tests/engine/hardware/test_chunk_choice.py)."""
 
 import json
 import subprocess

@@ -12,7 +12,7 @@ from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
 from k25.cli import build_parser
-from tests.engine.test_scheduler import run_step
+from tests.engine.core.test_scheduler import run_step
 
 DOCUMENT = list(range(100, 164))  # 64 tokens: four full blocks of 16
 
