@@ -17,7 +17,7 @@ from bench.quant_bytes import decode_weight_bytes
 from engine.attention.kv_cache import kv_bytes_per_token
 from engine.base.config import EngineConfig
 from engine.core.sampling_params import SamplingParams
-from engine.hardware.dtype_choice import cpu_flags
+from engine.kernels.cpu_build import cpu_flags
 from engine.llm_engine import LLMEngine
 from engine.model.linear import Weight
 from engine.model.llama import LlamaModel

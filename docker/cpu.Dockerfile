@@ -37,18 +37,21 @@ COPY operators /src/operators
 COPY bench /src/bench
 COPY k25 /src/k25
 RUN pip install --no-deps /src
+# the engine's CPU kernels, every instruction set's variant (engine/kernels/cpu_build.py), built
+# here with this stage's compiler; each engine loads the one its node's CPU runs, compiling nothing
+ENV K25_CPU_KERNELS_DIR=/opt/k25/cpu-kernels
+RUN if [ "$PART" = engine-cpu ]; then apt-get update && apt-get install -y --no-install-recommends g++ \
+        && python -m engine.kernels.cpu_build && rm -rf "$K25_CPU_KERNELS_DIR"/*/src "$K25_CPU_KERNELS_DIR"/*/*.o; fi
 
 FROM ${PYTHON_IMAGE}
 ARG PART
-# the engine compiles its CPU kernels (attention, fused layer steps) for the node it lands on (-march=native) at
-# start, into the /tmp cache: it needs a C++ compiler (the image has Python's headers)
-RUN if [ "$PART" = engine-cpu ]; then apt-get update && apt-get install -y --no-install-recommends g++ \
-        && rm -rf /var/lib/apt/lists/*; fi
 # the user every K25 pod runs as (runAsUser 10001 in the chart and operators/deployment.py)
 RUN groupadd --gid 10001 k25 && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp k25
 COPY --from=build /opt/k25 /opt/k25
 # the root filesystem is read-only in the cluster: every cache goes to the /tmp volume
+# no compiler in this stage: the CPU kernels were built in the first (K25_CPU_KERNELS_DIR, read-only here)
 ENV PATH=/opt/k25/bin:$PATH HOME=/tmp XDG_CACHE_HOME=/tmp/cache TRITON_CACHE_DIR=/tmp/triton \
+    K25_CPU_KERNELS_DIR=/opt/k25/cpu-kernels \
     PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 USER 10001:10001
 WORKDIR /tmp

@@ -60,20 +60,8 @@ def choose_dtype(requested: str, device: str, cpu_bf16_path: str | None = None) 
     return DtypeChoice("bfloat16", f"auto: bfloat16, the engine's bf16 projections run on this CPU ({cpu_bf16_path})")
 
 
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags as Linux lists them (empty elsewhere)."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith(("flags", "Features")):
-                    return set(line.partition(":")[2].split())
-    except OSError:
-        pass
-    return set()
-
-
 def this_cpu_bf16_path() -> str | None:
-    from engine.kernels.cpu_build import cpu_kernel
+    from engine.kernels.cpu_build import cpu_flags, cpu_kernel
 
     kernel = cpu_kernel()
     return bf16_path(cpu_flags(), kernel is not None and kernel.has_bf16_linear(), kernel is not None and kernel.amx_ready())

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from bench.engine_bench import reference_dtype
-from engine.hardware.dtype_choice import cpu_flags
+from engine.kernels.cpu_build import cpu_flags
 
 pytestmark = pytest.mark.slow  # runs the engine and transformers in a subprocess
 

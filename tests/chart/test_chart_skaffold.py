@@ -219,3 +219,19 @@ def test_the_cpu_image_takes_torch_from_the_cpu_index_and_the_engine_image_has_a
     assert "--index-url https://download.pytorch.org/whl/cpu" in cpu
     engine = " ".join(arg for op, arg in final_stage(ROOT / "docker" / "engine-cuda.Dockerfile") if op == "RUN")
     assert "gcc" in engine
+
+
+def test_the_engine_cpu_image_builds_its_kernels_ahead_and_carries_no_compiler():
+    """Every instruction set's CPU kernels are built in the build stage (where a failure fails the
+    image build); the image that runs has no compiler and reads them from the same folder."""
+    dockerfile = ROOT / "docker" / "cpu.Dockerfile"
+    steps = instructions(dockerfile)
+    final = final_stage(dockerfile)
+    build = steps[: len(steps) - len(final)]
+    build_runs = " ".join(arg for op, arg in build if op == "RUN")
+    assert "python -m engine.kernels.cpu_build" in build_runs and "g++" in build_runs
+    assert not re.search(r"\b(g\+\+|gcc|clang|build-essential)\b", " ".join(arg for op, arg in final if op == "RUN"))
+    kernels_dir = {re.search(r"K25_CPU_KERNELS_DIR=(\S+)", arg).group(1) for op, arg in steps
+                   if op == "ENV" and "K25_CPU_KERNELS_DIR=" in arg}
+    assert len(kernels_dir) == 1 and next(iter(kernels_dir)).startswith("/opt/k25/")  # copied with /opt/k25
+    assert any(op == "ENV" and "K25_CPU_KERNELS_DIR=" in arg for op, arg in final)

@@ -8,7 +8,7 @@
 // Prefill slices attend as tiles (below): in bf16 on a CPU with AVX512-BF16, their two products
 // on AMX where the CPU has it (attention_amx.cpp; its figures against the AVX512-BF16 tiles are on
 // the benchmarks page of the docs); in float32 with AVX2 elsewhere (float32 caches, or no AVX512-BF16).
-// Built by engine/kernels/cpu_build.py for the machine it runs on (-march=native).
+// Built by engine/kernels/cpu_build.py once per instruction set (generic, AVX2, AVX512-BF16, AMX).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 

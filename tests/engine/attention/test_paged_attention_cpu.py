@@ -190,28 +190,57 @@ def test_a_query_head_count_that_is_not_a_multiple_of_the_kv_heads_is_refused(ke
         run(kernel, args)
 
 
-def test_a_lock_left_by_a_process_killed_mid_build_does_not_stop_the_next_start(kernel):
+def test_a_lock_left_by_a_process_killed_mid_build_does_not_stop_the_next_build():
     """torch waits as long as its lock file exists; one left behind would hang every later
-    engine start on this machine (seen after a build was killed)."""
-    (cpu_kernels.build_directory() / "lock").touch()
-    started = subprocess.run([sys.executable, "-c", "from engine.kernels.cpu_build import cpu_kernel; assert cpu_kernel()"],
-                             capture_output=True, text=True, timeout=600)
+    build on this machine (seen after a build was killed)."""
+    variant = cpu_kernels.best_variant(cpu_kernels.cpu_flags())
+    (cpu_kernels.build_directory(variant) / "lock").touch()
+    script = f"from engine.kernels.cpu_build import build; build({variant!r})"
+    started = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert started.returncode == 0, started.stderr
-    assert not (cpu_kernels.build_directory() / "lock").exists()
+    assert not (cpu_kernels.build_directory(variant) / "lock").exists()
 
 
-def test_without_a_compiler_the_engine_keeps_the_torch_path(monkeypatch, caplog):
+def test_every_variant_is_built_ahead_whatever_this_cpu_runs():
+    """`make` compiles every instruction set's kernels with its own flags, so each path is at least
+    compiled on every build machine."""
+    missing = [v for v in cpu_kernels.VARIANTS if cpu_kernels._built_library(cpu_kernels.build_directory(v)) is None]
+    assert missing == [], f"not built: {missing} (make builds them: python -m engine.kernels.cpu_build)"
+
+
+@pytest.mark.parametrize("variant", list(cpu_kernels.VARIANTS))
+def test_each_variant_this_cpu_runs_matches_the_reference(variant):
+    missing = cpu_kernels.VARIANTS[variant][1] - cpu_kernels.cpu_flags()
+    if missing:
+        pytest.skip(f"the {variant} kernels cannot run on this CPU (it lacks {', '.join(sorted(missing))}); "
+                    "they run where the CPU has them")
+    module = cpu_kernels.load_variant(variant)
+    assert module is not None, f"the {variant} kernels are not built"
+    assert module.has_bf16_linear() == (variant != "generic")
+
+    def attend(q, k, v, tables, starts, lens, block_size, scale, amx=True):
+        return module.paged_attention(q.contiguous(), k, v, tables.contiguous(), starts.contiguous(), lens.contiguous(),
+                                      block_size, scale, amx)
+
+    for dtype in DTYPES:
+        args = paged_batch(MIXED, 4, 64, 16, dtype, seed=0)
+        assert_matches_reference(run(attend, args), args)
+
+
+def test_without_a_build_or_a_compiler_the_engine_keeps_the_torch_path(monkeypatch, caplog, tmp_path):
     import torch.utils.cpp_extension
 
     def no_compiler(**_):
         raise RuntimeError("no C++ compiler found")
 
-    monkeypatch.setattr(torch.utils.cpp_extension, "load", no_compiler)
+    monkeypatch.setenv("K25_CPU_KERNELS_DIR", str(tmp_path))  # where nothing was built ahead
+    monkeypatch.setattr(torch.utils.cpp_extension, "_write_ninja_file_and_build_library", no_compiler)
     cpu_kernels.cpu_kernel.cache_clear()
     try:
         with caplog.at_level(logging.WARNING, logger="engine.kernels.cpu_build"):
             assert cpu_kernels.cpu_kernel() is None
-        assert "using the torch path" in caplog.text and "no C++ compiler found" in caplog.text
+        assert "not built ahead" in caplog.text and "using the torch paths" in caplog.text
+        assert "no C++ compiler found" in caplog.text
         with pytest.raises(RuntimeError, match="could not be built"):
             paged_attention_cpu.paged_attention_cpu(*([None] * 6), 16, 1.0)
     finally:

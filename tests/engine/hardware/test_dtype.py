@@ -8,7 +8,8 @@ from engine.attention.kv_cache import KVCache
 from engine.base.errors import EngineConfigError
 from engine.core.sampling_params import SamplingParams
 from engine.core.sequence import Sequence
-from engine.hardware.dtype_choice import bf16_path, choose_dtype, cpu_flags, this_cpu_bf16_path
+from engine.hardware.dtype_choice import bf16_path, choose_dtype, this_cpu_bf16_path
+from engine.kernels.cpu_build import cpu_flags
 from engine.model.llama import LlamaModel
 from engine.model.loader import TINY_CONFIG, load_model, model_config
 from engine.runner.block_tables import BlockTables
