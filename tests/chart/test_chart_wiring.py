@@ -281,6 +281,15 @@ def test_the_gateway_probes_healthz_and_readyz_on_its_port():
     assert gateway["ports"] == [{"name": "http", "containerPort": 8000}]
 
 
+def test_the_chunker_liveness_probe_asks_its_serving_loop():
+    """TCP on the metrics port passes while the serving loop is stuck on one document; /healthz does not."""
+    chunker = container(rendered(None), "Deployment", "k25-chunker")
+    assert chunker["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert {"name": "metrics", "containerPort": 9600} in chunker["ports"]
+    args = build_parser().parse_args(chunker["args"][1:])
+    assert args.metrics_port == 9600
+
+
 def test_the_ingress_sends_its_host_to_the_gateway_service_over_tls():
     objects = rendered(ci("ingress"))
     [ingress] = of_kind(objects, "Ingress")
