@@ -49,7 +49,8 @@ from services.gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
 
-# a non-streamed request whose engine dies is started again elsewhere, at most this often
+# a non-streamed request whose engine shuts down mid-answer is started again elsewhere, at
+# most this often (an engine that crashes counts against the request's crash budget, dispatch.py)
 MAX_ENGINE_LOSSES = 2
 
 
@@ -251,6 +252,8 @@ class Gateway:
                 return answer
             except EngineLost as exc:
                 lost.add(opened.engine.engine_id)
+                if exc.crashed:
+                    job.lose_engine(opened.engine.engine_id)
                 log.warning("request %s: %s; starting it again elsewhere", job.request_id, exc)
                 if len(lost) > MAX_ENGINE_LOSSES:
                     raise overloaded("the engines serving this request went away; try again") from None
