@@ -28,6 +28,9 @@ def register(subparsers) -> None:
                    help="threads that render chat templates and tokenise prompts, off the event loop (default 4)")
     p.add_argument("--document-fanout", type=int, default=8,
                    help="engine requests (one per passage) that one /v1/documents/ask runs at once (default 8)")
+    p.add_argument("--max-document-passages", type=int, default=256,
+                   help="passages one /v1/documents/ask may be cut into, one engine request each; a document cut into "
+                   "more is refused with 400 (default 256)")
     p.add_argument("--prefix-index-max-blocks", type=int, default=262_144,
                    help="prompt block hashes remembered for cache-aware routing, about 130-180 bytes each (default 262144)")
     p.add_argument("--share-prefix-cache-across-tenants", action="store_true",
@@ -68,6 +71,7 @@ def run(args) -> int:
         request_timeout_s=args.request_timeout_s, max_tokens_limit=args.max_tokens_limit,
         max_body_bytes=args.max_body_bytes, max_inflight=args.max_inflight,
         tokenizer_threads=args.tokenizer_threads, document_fanout=args.document_fanout,
+        max_document_passages=args.max_document_passages,
         prefix_index_max_blocks=args.prefix_index_max_blocks,
         share_prefix_cache_across_tenants=args.share_prefix_cache_across_tenants,
         pools=tuple(args.pools), engine_wait_s=args.engine_wait_s, engine_error_window_s=args.engine_error_window_s,
@@ -98,7 +102,8 @@ def _bad_flags(settings) -> str | None:
     if settings.prefix_index_max_blocks < 1:
         return "--prefix-index-max-blocks must be at least 1"
     for flag, value in (("--max-inflight", settings.max_inflight), ("--tokenizer-threads", settings.tokenizer_threads),
-                        ("--document-fanout", settings.document_fanout)):
+                        ("--document-fanout", settings.document_fanout),
+                        ("--max-document-passages", settings.max_document_passages)):
         if value < 1:
             return f"{flag} must be at least 1"
     if len({name for name, _ in settings.pools}) != len(settings.pools):

@@ -1,7 +1,7 @@
 """Long-document questions: map the question over the document's passages, reduce the notes
 into one answer, and cite the passages it drew on.
 
-The prompts and the citation choice are pure functions; `take_notes` runs the map requests
+The prompts, the citation choice and the bound on passages per question are pure functions; `take_notes` runs the map requests
 concurrently, a bounded number at a time, and when one fails stops the others (their engine
 requests are cancelled) before the error is answered.
 """
@@ -9,6 +9,8 @@ requests are cancelled) before the error is answered.
 import asyncio
 import re
 from dataclasses import dataclass
+
+from services.gateway.errors import OpenAIError, invalid_request
 
 NOTHING = "NOTHING"
 _CITED = re.compile(r"\[(\d+)\]")
@@ -59,6 +61,15 @@ def reduce_messages(question: str, passages: list[Passage]) -> list[dict]:
             f"Question: {question}\n\nAnswer from the notes only, and cite the [n] of each note you use."
         )},
     ]
+
+
+def too_many_passages(passages: int, limit: int, passage_tokens: int | None) -> OpenAIError | None:
+    """The refusal of a document cut into more passages than one request may ask about, or None."""
+    if passages <= limit:
+        return None
+    budget = f"passage_tokens {passage_tokens}" if passage_tokens else "the chunker's default passage_tokens"
+    return invalid_request(f"the document is cut into {passages} passages at {budget}; a question may read at most "
+                           f"{limit}: ask about a shorter document or use larger passages", "document", "too_many_passages")
 
 
 def citations(answer: str, passages: list[Passage]) -> list[dict]:

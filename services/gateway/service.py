@@ -165,7 +165,10 @@ class Gateway:
                               "invalid_request_error", "model_not_found", "model")
         return choice
 
-    def make_job(self, body: SamplingFields, prompt_ids: list[int], caller: Caller, prefix: str) -> Job:
+    def make_job(self, body: SamplingFields, prompt_ids: list[int], caller: Caller, prefix: str,
+                 deadline: float | None = None) -> Job:
+        """`deadline` (epoch seconds): that of the whole request the job is part of; None: the
+        settings' request timeout from now."""
         s = self.settings
         adapter = self.resolve_model(body.model, caller, body.user)
         if not prompt_ids:
@@ -188,7 +191,7 @@ class Gateway:
             sampling.seed = body.seed
         return Job(
             request_id=f"{prefix}-{uuid.uuid4().hex}", tenant=caller.tenant, model=body.model, prompt_token_ids=prompt_ids,
-            sampling=sampling, deadline=time.time() + s.request_timeout_s, adapter=adapter,
+            sampling=sampling, deadline=time.time() + s.request_timeout_s if deadline is None else deadline, adapter=adapter,
             cache_salt="" if s.share_prefix_cache_across_tenants else caller.tenant,
         )
 

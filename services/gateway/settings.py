@@ -21,6 +21,7 @@ class GatewaySettings:
     max_inflight: int = 2048  # requests in flight beyond which new ones get 503 at once
     tokenizer_threads: int = 4  # threads that render chat templates and tokenise, off the event loop
     document_fanout: int = 8  # engine requests (one per passage) that one /v1/documents/ask runs at once
+    max_document_passages: int = 256  # passages one /v1/documents/ask may have; more: 400
     engine_connect_timeout_s: float = 1.0
     zmq_sndhwm: int = 5000
     zmq_rcvhwm: int = 5000
