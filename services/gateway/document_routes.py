@@ -12,7 +12,7 @@ import time
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from opentelemetry import trace
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, ConfigDict, Field
 
 from common.tracing import traceparent_of
 from services.gateway.admission import Ticket
@@ -21,7 +21,7 @@ from services.gateway.chunker_client import ChunkerError
 from services.gateway.disconnect import unless_client_leaves
 from services.gateway.documents import Passage, citations, reduce_messages, take_notes, too_many_passages
 from services.gateway.errors import RETRY_AFTER_S, OpenAIError, internal_error, invalid_request
-from services.gateway.openai_schema import ChatCompletionRequest, estimated_tokens
+from services.gateway.openai_schema import ChatCompletionRequest, UnicodeBody, estimated_tokens
 from services.gateway.request_id import current_request_id
 from services.gateway.service import Gateway, ReplyShape
 
@@ -36,7 +36,7 @@ _CHUNKER_ERRORS = {
 }
 
 
-class SplitFields(BaseModel):
+class SplitFields(UnicodeBody):
     """How the chunker cuts the document into passages; unset fields take the chunker's defaults."""
 
     model_config = ConfigDict(extra="ignore")
