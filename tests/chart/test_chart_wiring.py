@@ -29,6 +29,7 @@ from tests.helpers.helm_chart import (
     named,
     of_kind,
     rendered,
+    rendered_with,
     value_set_id,
 )
 from tests.helpers.network_policy import selects
@@ -60,9 +61,10 @@ def test_the_charts_crds_are_byte_identical_to_k8s_crds():
     assert [name for name in ours if ours[name] != theirs[name]] == []
 
 
-def test_the_operators_cluster_role_has_exactly_the_rules_of_k8s_rbac():
+def test_the_operators_cluster_role_has_exactly_the_rules_of_k8s_rbac(tmp_path):
+    """With operator.watchNamespace all (the default is the release's namespace, test_chart_operator_scope.py)."""
     reference = next(d for d in yaml.safe_load_all((K8S / "rbac" / "operator.yaml").read_text()) if d["kind"] == "ClusterRole")
-    objects = rendered(None)
+    objects = rendered_with("operator:\n  watchNamespace: all\n", tmp_path)
     assert named(objects, "ClusterRole", "k25-operator")["rules"] == reference["rules"]
     binding = named(objects, "ClusterRoleBinding", "k25-operator")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "k25-operator", "namespace": NAMESPACE}]
@@ -80,7 +82,7 @@ def test_the_components_run_the_agreed_command_lines():
         "--pool", "a100-40g=2048", "--pool", "a100-80g=4096", "--pool", "h100-80g=8192"]
     assert container(objects, "Deployment", "k25-chunker")["args"] == [
         "k25", "chunker", "--zmq-port", "5600", "--metrics-port", "9600", "--model", "/models/SmolLM2-135M-Instruct.Q4_1.gguf"]
-    assert container(objects, "Deployment", "k25-operator")["args"] == ["k25", "operator", "--release", "k25"]
+    assert container(objects, "Deployment", "k25-operator")["args"] == ["k25", "operator", "--release", "k25", "--namespace", NAMESPACE]
 
 
 @pytest.mark.parametrize("component", ["gateway", "chunker", "operator", "engine"])
