@@ -19,7 +19,14 @@ from services.gateway.admission import Ticket
 from services.gateway.api_keys import Caller
 from services.gateway.chunker_client import ChunkerError
 from services.gateway.disconnect import unless_client_leaves
-from services.gateway.documents import Passage, citations, reduce_messages, take_notes, too_many_passages
+from services.gateway.documents import (
+    Passage,
+    citations,
+    question_cost,
+    reduce_messages,
+    take_notes,
+    too_many_passages,
+)
 from services.gateway.errors import RETRY_AFTER_S, OpenAIError, internal_error, invalid_request
 from services.gateway.openai_schema import ChatCompletionRequest, UnicodeBody, estimated_tokens
 from services.gateway.request_id import current_request_id
@@ -69,7 +76,8 @@ class AskRequest(SplitFields):
 
     def reserved_tokens(self) -> int:
         """What a tenant's token rate is charged at admission: the document and question (estimated
-        before tokenising), one note and the answer; each passage's note is charged as it is asked for."""
+        before tokenising), one note and the answer; the rest of the question's cost (documents.py
+        `question_cost`) once the document is cut, before any note is asked for."""
         return estimated_tokens(self.document) + estimated_tokens(self.question) + self.note_max_tokens + self.max_tokens
 
 
@@ -96,6 +104,11 @@ async def _ask(gateway: Gateway, body: AskRequest, parent_span, caller: Caller, 
         refusal = too_many_passages(len(split.chunks), gateway.settings.max_document_passages, body.passage_tokens)
         if refusal is not None:
             raise refusal
+        # the whole question's tokens up front (the admission reserved a first estimate): a tenant
+        # whose rate cannot pay for it gets 429 before any engine work, not after its notes ran
+        cost = question_cost([p.end_token - p.start_token for p in split.chunks], estimated_tokens(body.question),
+                             body.note_max_tokens, body.max_tokens)
+        ticket.reserve(max(0, cost - body.reserved_tokens()))
         passages = [Passage(i + 1, p.anchor, p.start_char, p.end_char, body.document[p.start_char:p.end_char])
                     for i, p in enumerate(split.chunks)]
         span.set_attributes({"k25.chunks": len(passages), "k25.document_tokens": split.total_tokens})

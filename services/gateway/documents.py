@@ -1,7 +1,8 @@
 """Long-document questions: map the question over the document's passages, reduce the notes
 into one answer, and cite the passages it drew on.
 
-The prompts, the citation choice and the bound on passages per question are pure functions; `take_notes` runs the map requests
+The prompts, the citation choice, the bound on passages per question and what a question may
+cost are pure functions; `take_notes` runs the map requests
 concurrently, a bounded number at a time, and when one fails stops the others (their engine
 requests are cancelled) before the error is answered.
 """
@@ -13,6 +14,10 @@ from dataclasses import dataclass
 from services.gateway.errors import OpenAIError, invalid_request
 
 NOTHING = "NOTHING"
+# tokens a prompt adds to what it quotes: the system message, the template's turns, the instructions
+PROMPT_TOKENS = 96
+# tokens a note's citation mark and clause add to it in the final prompt
+NOTE_MARK_TOKENS = 16
 _CITED = re.compile(r"\[(\d+)\]")
 
 
@@ -70,6 +75,14 @@ def too_many_passages(passages: int, limit: int, passage_tokens: int | None) -> 
     budget = f"passage_tokens {passage_tokens}" if passage_tokens else "the chunker's default passage_tokens"
     return invalid_request(f"the document is cut into {passages} passages at {budget}; a question may read at most "
                            f"{limit}: ask about a shorter document or use larger passages", "document", "too_many_passages")
+
+
+def question_cost(passage_tokens: list[int], question_tokens: int, note_max_tokens: int, max_tokens: int) -> int:
+    """The most a question over these passages may spend, counted as its engine jobs are (prompt +
+    max_tokens): a note per passage, then the answer, whose prompt holds every note."""
+    notes = sum(tokens + question_tokens + PROMPT_TOKENS + note_max_tokens for tokens in passage_tokens)
+    answer = len(passage_tokens) * (note_max_tokens + NOTE_MARK_TOKENS) + question_tokens + PROMPT_TOKENS + max_tokens
+    return notes + answer
 
 
 def citations(answer: str, passages: list[Passage]) -> list[dict]:

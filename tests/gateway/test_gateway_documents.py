@@ -22,10 +22,13 @@ from services.gateway.api_keys import ANONYMOUS
 from services.gateway.admission import Ticket
 from services.gateway.document_routes import AskRequest, ChunksRequest, _ask, _job, install_document_routes
 from services.gateway.documents import (
+    NOTE_MARK_TOKENS,
     NOTHING,
+    PROMPT_TOKENS,
     Passage,
     citations,
     map_messages,
+    question_cost,
     reduce_messages,
     take_notes,
     too_many_passages,
@@ -245,9 +248,14 @@ def test_a_document_cut_into_too_many_passages_is_refused_before_any_note(stack)
     assert gateway_requests(stack) == before
 
 
-@pytest.mark.slow
-def test_every_note_and_the_answer_share_the_request_s_one_deadline(stack):
-    """Not a fresh request timeout per passage: the notes and the answer run against one deadline."""
+FEES = AskRequest(model="tiny-random", document=CONTRACT.read_text()[:2000], question="What are the fees?",
+                  passage_tokens=256, max_tokens=4, note_max_tokens=2)
+
+
+def ask_in_process(stack, body: AskRequest, tokens_per_minute: int | None = None):
+    """`_ask` on a gateway in this process that shares the stack's registry and chunker, its
+    admission reserving as the route does. Returns (when it started, the deadline of each engine
+    job it ran, the error it ended with or None)."""
     chunker = re.search(r"k25 up: chunker\s+tcp://(\S+),", stack.log()).group(1)
 
     async def ask():
@@ -262,18 +270,45 @@ def test_every_note_and_the_answer_share_the_request_s_one_deadline(stack):
             return await generate(job, shape, span)
 
         gateway.generate = recorded
-        body = AskRequest(model="tiny-random", document=CONTRACT.read_text()[:2000], question="What are the fees?",
-                          passage_tokens=256, max_tokens=4, note_max_tokens=2)
-        started = time.time()
+        started, error = time.time(), None
+        ticket = Ticket(gateway.admission, "t", tokens_per_minute)
         try:
-            await _ask(gateway, body, trace.INVALID_SPAN, ANONYMOUS, Ticket(gateway.admission, "t", None))
+            ticket.reserve(body.reserved_tokens())
+            await _ask(gateway, body, trace.INVALID_SPAN, ANONYMOUS, ticket)
+        except OpenAIError as refused:
+            error = refused
         finally:
             await gateway.stop()
-        return started, deadlines
+        return started, deadlines, error
 
-    started, deadlines = asyncio.run(ask())
+    return asyncio.run(ask())
+
+
+@pytest.mark.slow
+def test_every_note_and_the_answer_share_the_request_s_one_deadline(stack):
+    """Not a fresh request timeout per passage: the notes and the answer run against one deadline."""
+    started, deadlines, error = ask_in_process(stack, FEES)
+    assert error is None
     assert len(deadlines) > 2 and len(set(deadlines)) == 1  # every note, then the answer
     assert started <= deadlines[0] - 300 <= time.time()
+
+
+@pytest.mark.slow
+def test_a_tenant_whose_rate_cannot_pay_for_the_whole_question_gets_429_before_any_note(stack):
+    """Its admission's first estimate passes; the question's whole cost, known once the document
+    is cut (small passages: many notes), is more than its rate can ever pay: refused before any
+    engine job, not charged after its notes ran."""
+    body = FEES.model_copy(update={"passage_tokens": 16})
+    _, deadlines, error = ask_in_process(stack, body, tokens_per_minute=2 * body.reserved_tokens())
+    assert error is not None and error.status == 429 and error.code == "rate_limit_exceeded"
+    assert "at most" in error.message and error.headers == {"x-should-retry": "false"}  # it never fits: no retry
+    assert deadlines == []
+
+
+def test_a_question_costs_every_note_then_an_answer_holding_every_note():
+    assert question_cost([100, 100], question_tokens=10, note_max_tokens=8, max_tokens=20) == (
+        2 * (100 + 10 + PROMPT_TOKENS + 8) + 2 * (8 + NOTE_MARK_TOKENS) + 10 + PROMPT_TOKENS + 20)
+    assert question_cost([], 10, 8, 20) == 10 + PROMPT_TOKENS + 20
 
 
 def engine_sample(metrics_url: str, name: str, **labels) -> float:
