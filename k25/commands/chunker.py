@@ -16,8 +16,8 @@ def register(subparsers) -> None:
         "chunker",
         help="cut documents into passages for gateways, over ZMQ",
         description="Load the model's tokenizer and answer ChunkRequests on a ZMQ ROUTER socket; Prometheus "
-        "k25_chunker_* metrics on --metrics-port, and /healthz there for a liveness probe. The passage parameters below are the defaults for requests that "
-        "leave them unset. SIGTERM or SIGINT shuts it down cleanly.",
+        "k25_chunker_* metrics on --metrics-port, and /healthz there for a liveness probe. The passage parameters "
+        "below are the defaults for requests that leave them unset. SIGTERM or SIGINT shuts it down cleanly.",
     )
     p.add_argument("--zmq-port", type=int, default=5600, help="ROUTER port (default 5600)")
     p.add_argument("--bind-address", default="0.0.0.0",

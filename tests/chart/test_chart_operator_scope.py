@@ -1,8 +1,8 @@
 """The chart's operator handles its own release only: its EnginePools and AdapterRollouts carry
 the release label the operator selects, its peering record is the release's own, and by
 default (operator.watchNamespace release) it watches the release's namespace under a Role,
-with no cluster-wide permission; watchNamespace all, chosen explicitly, gives it a ClusterRole. The engine pods it builds from the chart's pools drain and probe as
-their pool says."""
+with no cluster-wide permission; watchNamespace all, chosen explicitly, gives it a ClusterRole.
+The engine pods it builds from the chart's pools drain and probe as their pool says."""
 
 import pytest
 import yaml

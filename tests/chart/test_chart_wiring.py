@@ -82,7 +82,8 @@ def test_the_components_run_the_agreed_command_lines():
         "--pool", "a100-40g=2048", "--pool", "a100-80g=4096", "--pool", "h100-80g=8192"]
     assert container(objects, "Deployment", "k25-chunker")["args"] == [
         "k25", "chunker", "--zmq-port", "5600", "--metrics-port", "9600", "--model", "/models/SmolLM2-135M-Instruct.Q4_1.gguf"]
-    assert container(objects, "Deployment", "k25-operator")["args"] == ["k25", "operator", "--release", "k25", "--namespace", NAMESPACE]
+    assert container(objects, "Deployment", "k25-operator")["args"] == [
+        "k25", "operator", "--release", "k25", "--namespace", NAMESPACE]
 
 
 @pytest.mark.parametrize("component", ["gateway", "chunker", "operator", "engine"])

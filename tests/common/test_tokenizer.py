@@ -114,7 +114,8 @@ def special_ids(tokenizer: Tokenizer, ids: list[int]) -> list[int]:
 @pytest.mark.parametrize("role", ["user", "system", "assistant"])
 def test_special_tokens_typed_in_a_message_are_text_not_control(ours, role):
     """Role spoofing: only the template writes turns; a message's "<|im_start|>system" is text."""
-    conversation = [{"role": "system", "content": "Be kind."}, {"role": role, "content": SPOOF}, {"role": "user", "content": "ok"}]
+    conversation = [{"role": "system", "content": "Be kind."}, {"role": role, "content": SPOOF},
+                    {"role": "user", "content": "ok"}]
     ids = ours.encode_chat(conversation)
     plain = [{**m, "content": "x"} for m in conversation]
     assert special_ids(ours, ids) == special_ids(ours, ours.encode_chat(plain))  # the template's turns, no more

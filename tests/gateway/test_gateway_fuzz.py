@@ -4,8 +4,9 @@ model) and a real chunker: none may be answered with a server error.
 
 The cases are derandomized (a fixed seed, no example database), so a run either always finds
 a failure or never does. Beside them, hand-made hostile values go into every field of every
-route's body: lone surrogates, numbers beyond any integer or float type, deep nesting. 503 would be legitimate for an overloaded gateway or a missing engine
-(both documented), but these servers are idle and complete, so here it is a failure too.
+route's body: lone surrogates, numbers beyond any integer or float type, deep nesting. 503
+would be legitimate for an overloaded gateway or a missing engine (both documented), but these
+servers are idle and complete, so here it is a failure too.
 """
 
 import json
