@@ -2,9 +2,9 @@
 into one answer, and cite the passages it drew on.
 
 The prompts, the citation choice, the bound on passages per question and what a question may
-cost are pure functions; `take_notes` runs the map requests
-concurrently, a bounded number at a time, and when one fails stops the others (their engine
-requests are cancelled) before the error is answered.
+cost are pure functions; `take_notes` runs the map requests concurrently, a bounded number at
+a time, and when one fails stops the others (their engine requests are cancelled) before the
+error is answered.
 """
 
 import asyncio
