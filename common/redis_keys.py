@@ -44,6 +44,23 @@ import json
 import math
 from dataclasses import dataclass
 
+# The most a registry entry may claim; a reader ignores (and logs) an entry beyond them, so
+# that one broken or compromised engine cannot make every gateway pad a prompt to 2**31 tokens,
+# keep it for hours after an outage, or draw all traffic with an absurd free KV figure.
+ENTRY_LIMITS = {
+    "chunk_size": 1 << 21,  # tokens: the longest context any pool serves today is far below
+    "max_model_len": 1 << 21,
+    "block_size": 1 << 21,
+    "max_waiting": 1 << 20,
+    "running": 1 << 20,
+    "waiting": 1 << 20,
+    "step_failures": 1 << 31,
+    "capacity_tokens": 1 << 40,
+    "heartbeat_ttl_s": 300.0,
+    "adapters": 4096,  # adapter versions an entry lists
+    "text": 256,  # characters of the address, pool, model, incarnation and each adapter name
+}
+
 # long enough for the operator's look-back, short enough that Redis stays small
 BUCKET_TTL_S = 300
 # how far back `pool_qps` looks for the newest bucket when telling "stale" from "missing"

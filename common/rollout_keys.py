@@ -179,17 +179,42 @@ def read_rollout(redis, release: str, adapter: str) -> RolloutState | None:
 
 
 def read_all_rollouts(redis, release: str) -> dict[str, RolloutState]:
-    """Every adapter's rollout state: adapter name -> state, in name order."""
-    adapters = sorted(_text(name) for name in redis.smembers(rollout_index_key(release)))
+    """Every adapter's rollout state: adapter name -> state, in name order. Raises
+    RolloutStateError for the first hash that breaks the contract (see read_each_rollout)."""
+    states, broken = _read_rollouts(redis, release, check_names=False)
+    if broken:
+        raise RolloutStateError(next(iter(broken.values())))
+    return states
+
+
+def read_each_rollout(redis, release: str) -> tuple[dict[str, RolloutState], dict[str, str]]:
+    """Every adapter's rollout state, in name order, and apart from them each member of the
+    index whose name or hash breaks the contract, with why: one malformed member costs only
+    its own adapter."""
+    return _read_rollouts(redis, release, check_names=True)
+
+
+def _read_rollouts(redis, release: str, check_names: bool) -> tuple[dict[str, RolloutState], dict[str, str]]:
+    members = sorted(_text(name) for name in redis.smembers(rollout_index_key(release)))
+    broken, adapters = {}, []
+    for member in members:
+        try:
+            adapters.append(check_name("adapter", member) if check_names else member)
+        except RolloutStateError as error:
+            broken[member] = f"{rollout_index_key(release)}: {error}"
     pipe = redis.pipeline(transaction=False)
     for adapter in adapters:
         pipe.hgetall(rollout_key(release, adapter))
     states = {}
     for adapter, raw in zip(adapters, pipe.execute() if adapters else []):
-        state = _parse_state(rollout_key(release, adapter), raw)
+        try:
+            state = _parse_state(rollout_key(release, adapter), raw)
+        except RolloutStateError as error:
+            broken[adapter] = str(error)
+            continue
         if state is not None:  # deleted between SMEMBERS and HGETALL
             states[adapter] = state
-    return states
+    return states, dict(sorted(broken.items()))
 
 
 def _parse_state(key: str, raw: dict) -> RolloutState | None:

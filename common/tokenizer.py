@@ -4,10 +4,16 @@ Two sources: a GGUF file's `tokenizer.ggml.*` metadata (rebuilt as a byte-level 
 pre-tokenizer llama.cpp uses for its `tokenizer.ggml.pre`), or a Hugging Face folder's
 `tokenizer.json` + `tokenizer_config.json`. Chat templates render with jinja2 the way
 transformers renders them. No torch, no transformers: this loads in a fraction of a second.
+
+A message's content is text, never control: `encode_chat` reads a special token's spelling
+inside a message (`<|im_start|>system` typed by a user) as the plain text it is, so that only
+the template writes turns and roles. Conversations without such spellings tokenise exactly as
+transformers tokenises the rendered template.
 """
 
 import json
 import os
+import re
 import warnings
 from datetime import datetime
 from functools import lru_cache
@@ -23,6 +29,11 @@ from common.model_source import ModelLoadError, resolve_model
 
 # llama.cpp's token types (tokenizer.ggml.token_type)
 _CONTROL, _USER_DEFINED = 3, 4
+
+# marks put around each message's content while the template renders, to find it in the text:
+# Unicode noncharacters, which no text exchanged should hold (a message's own are dropped)
+_CONTENT_OPEN, _CONTENT_CLOSE = "\ufdd0", "\ufdd1"
+_MARKED_CONTENT = re.compile(f"{_CONTENT_OPEN}(.*?){_CONTENT_CLOSE}", re.DOTALL)
 
 # Tokens that end an assistant turn in common chat formats; they stop generation when the chat
 # template writes them, even if the model's eos is a different token.
@@ -155,6 +166,17 @@ class Tokenizer:
         # padded positions are masked, so a model without a pad token pads with its eos
         self.pad_token_id = self.token_to_id(pad_token) if pad_token is not None else self.eos_token_id
         self.eos_token_ids = self._stop_ids(extra_eos_token_ids)
+        self.special_texts = tuple(t.content for t in backend.get_added_tokens_decoder().values() if t.special)
+        self._plain_backend: Backend | None = None  # the same tokenizer, special tokens read as text
+
+    @property
+    def plain_backend(self) -> Backend:
+        """A copy of the backend that reads special tokens' spellings as ordinary text."""
+        if self._plain_backend is None:
+            plain = Backend.from_str(self.backend.to_str())
+            plain.encode_special_tokens = True
+            self._plain_backend = plain
+        return self._plain_backend
 
     def _stop_ids(self, extra: tuple[int, ...]) -> tuple[int, ...]:
         ids = [self.eos_token_id, *extra]
@@ -295,9 +317,27 @@ class Tokenizer:
         )
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> list[int]:
-        """The rendered conversation's ids; the template writes any BOS itself, so none is added."""
-        text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **kwargs)
-        return self.encode(text, add_special_tokens=False)
+        """The rendered conversation's ids; the template writes any BOS itself, so none is added.
+        A special token spelled inside a message's content is encoded as text, not as the token."""
+        if not any(self._spells_special(m.get("content")) for m in messages):
+            text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **kwargs)
+            return self.encode(text, add_special_tokens=False)
+        marked = [{**m, "content": _CONTENT_OPEN + _unmarked(m["content"]) + _CONTENT_CLOSE}
+                  if isinstance(m.get("content"), str) else m for m in messages]
+        text = self.apply_chat_template(marked, add_generation_prompt=add_generation_prompt, **kwargs)
+        ids, start = [], 0
+        for content in _MARKED_CONTENT.finditer(text):  # the template's text, then a message's content, ...
+            ids += self.encode(_unmarked(text[start:content.start()]), add_special_tokens=False)
+            ids += self.plain_backend.encode(content.group(1), add_special_tokens=False).ids
+            start = content.end()
+        return ids + self.encode(_unmarked(text[start:]), add_special_tokens=False)
+
+    def _spells_special(self, content) -> bool:
+        return isinstance(content, str) and any(special in content for special in self.special_texts)
+
+
+def _unmarked(text: str) -> str:
+    return text.replace(_CONTENT_OPEN, "").replace(_CONTENT_CLOSE, "")
 
 
 def _byte_level_bpe(tokens: list[str], merges: list[str], types, pre: str | None, path: str) -> Backend:

@@ -16,8 +16,8 @@ def register(subparsers) -> None:
         "chunker",
         help="cut documents into passages for gateways, over ZMQ",
         description="Load the model's tokenizer and answer ChunkRequests on a ZMQ ROUTER socket; Prometheus "
-        "k25_chunker_* metrics on --metrics-port. The passage parameters below are the defaults for requests that "
-        "leave them unset. SIGTERM or SIGINT shuts it down cleanly.",
+        "k25_chunker_* metrics on --metrics-port, and /healthz there for a liveness probe. The passage parameters "
+        "below are the defaults for requests that leave them unset. SIGTERM or SIGINT shuts it down cleanly.",
     )
     p.add_argument("--zmq-port", type=int, default=5600, help="ROUTER port (default 5600)")
     p.add_argument("--bind-address", default="0.0.0.0",
@@ -29,6 +29,9 @@ def register(subparsers) -> None:
         "--max-document-bytes", type=int, default=8 << 20,
         help="larger documents are refused with INVALID_ARGUMENT (default 8 MiB)",
     )
+    p.add_argument("--stuck-after-s", type=float, default=120.0,
+                   help="/healthz on the metrics port answers 503 once the serving loop has not come round for this "
+                   "long, e.g. on a document that never ends (default 120)")
     add_passage_params(p)
     p.add_argument("--sndhwm", type=int, default=5000, help="ZMQ send high-water mark per peer (default 5000)")
     p.add_argument("--rcvhwm", type=int, default=5000, help="ZMQ receive high-water mark per peer (default 5000)")
@@ -51,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.max_document_bytes < 1:
             raise ValueError(f"--max-document-bytes must be positive, got {args.max_document_bytes}")
+        if not args.stuck_after_s > 0:
+            raise ValueError(f"--stuck-after-s must be positive, got {args.stuck_after_s}")
         defaults = ChunkParams(args.passage_tokens, args.overlap_ratio, args.semantic_threshold)
         curve_secret_key = secret_key_from_env()
         chunker = Chunker(load_tokenizer(args.model))
@@ -59,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     settings = ChunkerSettings(
         port=args.zmq_port, bind_host=args.bind_address, curve_secret_key=curve_secret_key, sndhwm=args.sndhwm, rcvhwm=args.rcvhwm, linger_ms=args.linger_ms,
-        max_document_bytes=args.max_document_bytes, defaults=defaults,
+        max_document_bytes=args.max_document_bytes, stuck_after_s=args.stuck_after_s, defaults=defaults,
     )
     metrics = ChunkerMetrics()
     try:
@@ -68,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"k25 chunker: cannot listen on ZMQ port {args.zmq_port} at {args.bind_address}: {exc}", file=sys.stderr)
         return 2
     try:
-        metrics_port = metrics.serve(args.metrics_port, args.bind_address) if args.metrics_port else None
+        metrics_port = metrics.serve(args.metrics_port, args.bind_address, server.health) if args.metrics_port else None
     except OSError as exc:
         server.close()
         print(f"k25 chunker: cannot serve metrics on port {args.metrics_port}: {exc}", file=sys.stderr)

@@ -23,11 +23,20 @@ def register(subparsers) -> None:
     p.add_argument("--request-timeout-s", type=float, default=600.0, help="deadline of each request (default 600)")
     p.add_argument("--max-tokens-limit", type=int, default=8192, help="largest max_tokens accepted (default 8192)")
     p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024, help="largest request body (default 8 MiB)")
+    p.add_argument("--body-timeout-s", type=float, default=30.0,
+                   help="a request body must arrive within this many seconds of its request's start; later: 408, "
+                   "so that slow clients give back their place (default 30)")
+    p.add_argument("--max-body-bytes-in-flight", type=int, default=512 << 20,
+                   help="what the request bodies held at once may take, each counted at its Content-Length (or "
+                   "--max-body-bytes without one); a request beyond it gets 503 at once (default 512 MiB)")
     p.add_argument("--max-inflight", type=int, default=2048, help="requests in flight before 503 (default 2048)")
     p.add_argument("--tokenizer-threads", type=int, default=4,
                    help="threads that render chat templates and tokenise prompts, off the event loop (default 4)")
     p.add_argument("--document-fanout", type=int, default=8,
                    help="engine requests (one per passage) that one /v1/documents/ask runs at once (default 8)")
+    p.add_argument("--max-document-passages", type=int, default=256,
+                   help="passages one /v1/documents/ask may be cut into, one engine request each; a document cut into "
+                   "more is refused with 400 (default 256)")
     p.add_argument("--prefix-index-max-blocks", type=int, default=262_144,
                    help="prompt block hashes remembered for cache-aware routing, about 130-180 bytes each (default 262144)")
     p.add_argument("--share-prefix-cache-across-tenants", action="store_true",
@@ -66,8 +75,10 @@ def run(args) -> int:
         model=args.model, served_model_name=args.served_model_name, redis_url=args.redis_url, release=args.release,
         api_keys_file=args.api_keys_file, chunker_address=args.chunker_address,
         request_timeout_s=args.request_timeout_s, max_tokens_limit=args.max_tokens_limit,
-        max_body_bytes=args.max_body_bytes, max_inflight=args.max_inflight,
+        max_body_bytes=args.max_body_bytes, max_inflight=args.max_inflight, body_timeout_s=args.body_timeout_s,
+        max_body_bytes_in_flight=args.max_body_bytes_in_flight,
         tokenizer_threads=args.tokenizer_threads, document_fanout=args.document_fanout,
+        max_document_passages=args.max_document_passages,
         prefix_index_max_blocks=args.prefix_index_max_blocks,
         share_prefix_cache_across_tenants=args.share_prefix_cache_across_tenants,
         pools=tuple(args.pools), engine_wait_s=args.engine_wait_s, engine_error_window_s=args.engine_error_window_s,
@@ -98,11 +109,16 @@ def _bad_flags(settings) -> str | None:
     if settings.prefix_index_max_blocks < 1:
         return "--prefix-index-max-blocks must be at least 1"
     for flag, value in (("--max-inflight", settings.max_inflight), ("--tokenizer-threads", settings.tokenizer_threads),
-                        ("--document-fanout", settings.document_fanout)):
+                        ("--document-fanout", settings.document_fanout),
+                        ("--max-document-passages", settings.max_document_passages)):
         if value < 1:
             return f"{flag} must be at least 1"
     if len({name for name, _ in settings.pools}) != len(settings.pools):
         return "each --pool needs its own name"
+    if not settings.body_timeout_s > 0:
+        return "--body-timeout-s must be positive"
+    if settings.max_body_bytes_in_flight < settings.max_body_bytes:
+        return "--max-body-bytes-in-flight must be at least --max-body-bytes (or no body of that size could ever be read)"
     if not settings.engine_wait_s >= 0:  # NaN too
         return "--engine-wait-s must not be negative"
     if not settings.engine_error_window_s > 0:

@@ -51,6 +51,7 @@ _LINE_MARKER = re.compile("|".join(f"(?P<m{i}>{pattern})" for i, (pattern, _) in
 
 # a line that opens with a quoted term being defined
 _DEFINITION = re.compile(r"""([“"「][^”"」\n]{1,60}[”"」])\s*(?:,\s*)?(?:means|shall mean|has the meaning|refers to|是指|系指|指)""")
+_SENTENCE_STOPS = frozenset(".;:!?。；：！？")
 _TITLE_PUNCTUATION = re.compile(r"[。，；：！？,.;:!?]")
 _TITLE_MAX_CHARS = 60
 _LABEL_MAX_CHARS = 60
@@ -106,7 +107,19 @@ def _line_anchors(text: str):
 
 def _continues(previous_line: str, content: str, after_blank: bool) -> bool:
     """A hard-wrapped line: the one before stops mid-sentence and this one goes on in lower case."""
-    return not after_blank and content[0].islower() and not re.search(r"[.;:!?。；：！？]\W*$", previous_line)
+    return not after_blank and content[0].islower() and not _ends_a_sentence(previous_line)
+
+
+def _ends_a_sentence(line: str) -> bool:
+    """The line's closing run of non-word characters (`\\W*$`) holds a stop: "end." or 'end.")'.
+    One pass from the end: a regex search for a stop followed by that run tries it from every
+    stop of a run of them, quadratic in the run's length (300,000 dots froze the chunker)."""
+    for char in reversed(line):
+        if char in _SENTENCE_STOPS:
+            return True
+        if char.isalnum() or char == "_":  # \w, as re reads it in a str pattern
+            return False
+    return False
 
 
 def _classify_line(start: int, content: str, after_blank: bool) -> Anchor:

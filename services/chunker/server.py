@@ -6,6 +6,11 @@ A frame that is not [identity, ChunkRequest] is answered with an Error INVALID_A
 are dropped by ZMQ itself, which closes that peer's connection: the bound on what one
 frame may cost in memory. Answers to a peer that has gone or stopped reading (its queue
 at the high-water mark) are dropped. One thread serves; each document is split in turn.
+
+`health()` is the liveness probe's answer (/healthz on the metrics port): the serving loop
+turns every `poll_ms` while idle and once per document, so a loop that has not turned for
+`stuck_after_s` is stuck (a document that never ends), and the process is restarted; a TCP
+probe would keep passing.
 """
 
 import logging
@@ -43,6 +48,9 @@ class ChunkerSettings:
     linger_ms: int = 1000
     poll_ms: int = 100  # how often the loop looks at the stop event
     max_document_bytes: int = 8 << 20
+    # a serving loop that has not turned for this long is stuck: /healthz answers 503. An
+    # 8 MiB document is cut in seconds; this leaves room for a slow, shared CPU.
+    stuck_after_s: float = 120.0
     curve_secret_key: bytes | None = None  # the release's CURVE key: only its holders may connect
     defaults: ChunkParams = field(default_factory=ChunkParams)
 
@@ -61,12 +69,18 @@ class ChunkerServer:
             self._context, settings.bind_host, settings.port, settings.sndhwm, settings.rcvhwm, settings.linger_ms,
             {zmq.MAXMSGSIZE: settings.max_frame_bytes}, settings.curve_secret_key)
         self.malformed_frames = 0
+        self.last_turn = time.monotonic()  # when the serving loop last came round
 
     def serve(self, stop: threading.Event) -> None:
         log.info("chunker listening on %s", tcp_endpoint(self.settings.bind_host, self.port))
         while not stop.is_set():
+            self.last_turn = time.monotonic()
             if self.socket.poll(self.settings.poll_ms, zmq.POLLIN):
                 self._handle(self.socket.recv_multipart())
+
+    def health(self, now: float | None = None) -> dict:
+        """The liveness probe's answer (common/metrics_http.py serves it at /healthz)."""
+        return loop_health((time.monotonic() if now is None else now) - self.last_turn, self.settings.stuck_after_s)
 
     def _handle(self, frames: list[bytes]) -> None:
         identity, request_id = frames[0], ""
@@ -125,3 +139,12 @@ class ChunkerServer:
         if self._authenticator:
             self._authenticator.stop()
         self._context.term()
+
+
+def loop_health(since_turn_s: float, stuck_after_s: float) -> dict:
+    """Healthy while the serving loop came round within `stuck_after_s` seconds."""
+    healthy = since_turn_s <= stuck_after_s
+    body = {"healthy": healthy, "seconds_since_loop_turned": round(since_turn_s, 3)}
+    if not healthy:
+        body["reason"] = f"the serving loop has not turned for {since_turn_s:.0f} s (limit {stuck_after_s:g} s)"
+    return body

@@ -39,7 +39,9 @@ def create_app(gateway: Gateway, api_keys: ApiKeys | ApiKeysFile | None = None) 
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit, max_bytes=gateway.settings.max_body_bytes)
+    s = gateway.settings
+    app.add_middleware(BodySizeLimit, max_bytes=s.max_body_bytes, read_timeout_s=s.body_timeout_s,
+                       max_bytes_in_flight=s.max_body_bytes_in_flight, gauge=gateway.metrics.body_bytes_in_flight)
     # before the body is read: the key, the in-flight limits (admission.py)
     app.add_middleware(AdmissionMiddleware, admission=gateway.admission, api_keys=api_keys)
     app.add_middleware(RequestIdMiddleware)

@@ -10,6 +10,10 @@ get the canary. Until some engine reports the canary loaded, its users get stabl
 A request that names no `user` is placed by its API key; one without either (no keys file)
 is placed on its own, by its request id, so that anonymous traffic splits by the weight
 rather than all landing on one side.
+
+The statistics that promote or roll back a canary count only what the split decided and what
+the version's engines did with it (`canary_outcome`): not pinned requests, which a client
+could send to make a version look good or bad, nor refusals before any engine ran it.
 """
 
 import hashlib
@@ -76,3 +80,12 @@ def choose_adapter(model: str, base_names: set[str], rollouts: dict[str, Rollout
         raise UnknownModel(f"adapter {name!r} is loaded in versions {', '.join(versions)} without a rollout; "
                            f"name one as {name}@VERSION")
     raise UnknownModel(f"the model {model!r} does not exist")
+
+
+def canary_outcome(group: str, status: int) -> bool | None:
+    """How a request to an adapter version counts in that version's statistics: None, not at
+    all (a pinned version is the client's choice, not the split's; a 503 is the fleet's capacity
+    or an adapter still loading; a 4xx or 499 is the client's); else whether it failed."""
+    if group == PINNED or not (status == 200 or status >= 500) or status == 503:
+        return None
+    return status >= 500

@@ -2,10 +2,13 @@
 order until one takes it, and read its responses.
 
 An engine that refuses before starting (full KV or queue, shutting down or unhealthy, a
-chunk_size it does not share) or whose connection is gone is skipped for the next
-candidate; one that fails the request (INTERNAL) before its first token is too, once per
-request: another engine may serve it, but a request that breaks every engine should not
-break them all. Nothing is retried after the first token, which may have reached the
+chunk_size it does not share) or that cannot be reached is skipped for the next candidate;
+one that fails the request (INTERNAL) before its first token is too, once per request:
+another engine may serve it, but a request that breaks every engine should not break them
+all. An engine whose connection drops while it holds the request is lost, and a request has
+a crash budget (`crash_budget_spent`): the first engine it loses, before or after its first
+token, is replaced by another; the second refuses it, logged with its id, so that one query
+of death cannot crash the fleet engine by engine. Nothing is retried after the first token, which may have reached the
 client. Only when every candidate refused does the client get 503 with Retry-After. The
 first response is awaited before anything is returned, so a refusal never reaches the
 client as a half-sent 200. Every failure is remembered against its engine (engine_errors.py)
@@ -17,6 +20,7 @@ one, up to a bound; then it gets 503 with Retry-After.
 """
 
 import itertools
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Iterable
@@ -51,12 +55,29 @@ from services.gateway.routing import (
     preferred_pool,
 )
 
+log = logging.getLogger(__name__)
+
 _turns = itertools.count()  # one per request: rotates the order of equally loaded engines
 
 # engine errors that count against the engine (the others are about the request, or its load)
 ENGINE_FAULTS = {k25_pb2.INTERNAL, k25_pb2.CANCELLED, k25_pb2.CHUNK_SIZE_MISMATCH}
 # engines that may fail one request before its first token, beyond those that refuse it
 MAX_FAULT_RETRIES = 1
+# engines a request may lose (their connection dropped while they held it) before it is refused
+MAX_ENGINES_LOST = 2
+
+
+def crash_budget_spent(engines_lost: int, limit: int = MAX_ENGINES_LOST) -> bool:
+    """Whether a request that has lost this many engines must be refused rather than tried again."""
+    return engines_lost >= limit
+
+
+def crash_budget_error(request_id: str, engines_lost: int) -> OpenAIError:
+    """What a client whose request lost too many engines is told; OpenAI's clients do not retry it."""
+    return OpenAIError(
+        502, f"the engines serving this request went away {engines_lost} times; it is not tried again, since a request "
+             f"that crashes engines would take them all down in turn (request {request_id})",
+        "server_error", "request_crashed_engines", headers={"x-should-retry": "false"})
 
 
 class EngineLost(Exception):
@@ -64,8 +85,9 @@ class EngineLost(Exception):
     had started: another engine may run it again from the start if none of it reached the
     client. `error` is what a client that already has part of the answer is told."""
 
-    def __init__(self, message: str, error: OpenAIError | None = None):
+    def __init__(self, message: str, error: OpenAIError | None = None, crashed: bool = True):
         super().__init__(message)
+        self.crashed = crashed  # the connection dropped (False: the engine shut down and cancelled it)
         self.error = error or OpenAIError(502, "the engine serving this request went away; the answer is incomplete",
                                           "server_error", "engine_lost")
 
@@ -84,6 +106,7 @@ class Job:
     traceparent: str = ""
     tracestate: str = ""
     cache_salt: str = ""  # shares cached prefix blocks only with requests of the same salt
+    engines_lost: list[str] = field(default_factory=list)  # ids of engines whose connection dropped while they held it
     _hashes: dict[int, list[int]] = field(default_factory=dict, repr=False)  # block size -> prompt block hashes
 
     def block_hashes(self, block_size: int) -> list[int]:
@@ -105,6 +128,14 @@ class Job:
 
     def remaining_s(self) -> float:
         return max(0.0, self.deadline - time.time())
+
+    def lose_engine(self, engine_id: str) -> None:
+        """Count an engine lost while it held this job; raises the refusal once the crash budget is spent."""
+        self.engines_lost.append(engine_id)
+        if crash_budget_spent(len(self.engines_lost)):
+            log.error("request %s lost engines %s while they held it: refused, as it may be what crashes them",
+                      self.request_id, ", ".join(self.engines_lost))
+            raise crash_budget_error(self.request_id, len(self.engines_lost))
 
 
 @dataclass
@@ -134,7 +165,8 @@ class OpenedStream:
                     self.errors.failed(self.engine.engine_id, time.time())
                 error = from_engine_error(message.error)
                 if message.error.code == k25_pb2.CANCELLED:
-                    raise EngineLost(f"engine {self.engine.engine_id} shut down mid-answer: {error.message}", error)
+                    raise EngineLost(f"engine {self.engine.engine_id} shut down mid-answer: {error.message}", error,
+                                     crashed=False)
                 raise error
             if kind == "final" and message.final.finish_reason == k25_pb2.ABORT:
                 raise OpenAIError(502, "the engine stopped this request before it finished; the answer is incomplete",
@@ -227,6 +259,7 @@ class Dispatcher:
         if not any(e.routable for e in engines):
             wanted = preferred_pool(pools, prompt_tokens, max_tokens)
             raise NoEngineYet(wanted.name if wanted else None)
+        exclude = exclude | set(job.engines_lost)
         candidates = [e for e in engines if e.routable and e.engine_id not in exclude
                       and (job.adapter is None or job.adapter.key in e.adapters)]
         if job.adapter is not None and not candidates:
@@ -276,6 +309,7 @@ class Dispatcher:
             if first is ENGINE_GONE:
                 stream.close()
                 self.errors.failed(engine.engine_id, time.time())
+                job.lose_engine(engine.engine_id)
                 previous_failure = "lost"
                 continue
             if first.WhichOneof("kind") == "error":

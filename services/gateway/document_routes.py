@@ -12,16 +12,23 @@ import time
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from opentelemetry import trace
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, ConfigDict, Field
 
 from common.tracing import traceparent_of
 from services.gateway.admission import Ticket
 from services.gateway.api_keys import Caller
 from services.gateway.chunker_client import ChunkerError
 from services.gateway.disconnect import unless_client_leaves
-from services.gateway.documents import Passage, citations, reduce_messages, take_notes
+from services.gateway.documents import (
+    Passage,
+    citations,
+    question_cost,
+    reduce_messages,
+    take_notes,
+    too_many_passages,
+)
 from services.gateway.errors import RETRY_AFTER_S, OpenAIError, internal_error, invalid_request
-from services.gateway.openai_schema import ChatCompletionRequest, estimated_tokens
+from services.gateway.openai_schema import ChatCompletionRequest, UnicodeBody, estimated_tokens
 from services.gateway.request_id import current_request_id
 from services.gateway.service import Gateway, ReplyShape
 
@@ -36,7 +43,7 @@ _CHUNKER_ERRORS = {
 }
 
 
-class SplitFields(BaseModel):
+class SplitFields(UnicodeBody):
     """How the chunker cuts the document into passages; unset fields take the chunker's defaults."""
 
     model_config = ConfigDict(extra="ignore")
@@ -69,7 +76,8 @@ class AskRequest(SplitFields):
 
     def reserved_tokens(self) -> int:
         """What a tenant's token rate is charged at admission: the document and question (estimated
-        before tokenising), one note and the answer; each passage's note is charged as it is asked for."""
+        before tokenising), one note and the answer; the rest of the question's cost (documents.py
+        `question_cost`) once the document is cut, before any note is asked for."""
         return estimated_tokens(self.document) + estimated_tokens(self.question) + self.note_max_tokens + self.max_tokens
 
 
@@ -89,21 +97,32 @@ def install_document_routes(app: FastAPI, gateway: Gateway, caller) -> None:
 
 
 async def _ask(gateway: Gateway, body: AskRequest, parent_span, caller: Caller, ticket: Ticket):
+    # one deadline for the whole request: every passage's note and the answer share it
+    deadline = time.time() + gateway.settings.request_timeout_s
     with tracer.start_as_current_span("k25.documents.ask", context=trace.set_span_in_context(parent_span)) as span:
         split = await _split(gateway, body, body.document, span)
+        refusal = too_many_passages(len(split.chunks), gateway.settings.max_document_passages, body.passage_tokens)
+        if refusal is not None:
+            raise refusal
+        # the whole question's tokens up front (the admission reserved a first estimate): a tenant
+        # whose rate cannot pay for it gets 429 before any engine work, not after its notes ran
+        cost = question_cost([p.end_token - p.start_token for p in split.chunks], estimated_tokens(body.question),
+                             body.note_max_tokens, body.max_tokens)
+        ticket.reserve(max(0, cost - body.reserved_tokens()))
         passages = [Passage(i + 1, p.anchor, p.start_char, p.end_char, body.document[p.start_char:p.end_char])
                     for i, p in enumerate(split.chunks)]
         span.set_attributes({"k25.chunks": len(passages), "k25.document_tokens": split.total_tokens})
         usage = {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0}
 
         async def note(messages: list[dict]) -> str:
-            job = await _job(gateway, body, messages, body.note_max_tokens, caller, ticket)
+            job = await _job(gateway, body, messages, body.note_max_tokens, caller, ticket, deadline)
             answer = await gateway.generate(job, ReplyShape(True), span)
             _add_usage(usage, answer.final.usage)
             return answer.text
 
         passages = await take_notes(body.question, passages, note, gateway.settings.document_fanout)
-        final_job = await _job(gateway, body, reduce_messages(body.question, passages), body.max_tokens, caller, ticket)
+        final_job = await _job(gateway, body, reduce_messages(body.question, passages), body.max_tokens, caller, ticket,
+                               deadline)
         if body.stream:
             return await gateway.stream(final_job, ReplyShape(True), span, epilogue=lambda text: [
                 {"id": final_job.request_id, "object": "document.citations", "citations": citations(text, passages)}
@@ -161,9 +180,12 @@ def _passage_json(passage) -> dict:
             "end_token": passage.end_token, "anchor": passage.anchor}
 
 
-async def _job(gateway: Gateway, body: AskRequest, messages: list[dict], max_tokens: int, caller: Caller, ticket: Ticket):
+async def _job(gateway: Gateway, body: AskRequest, messages: list[dict], max_tokens: int, caller: Caller, ticket: Ticket,
+               deadline: float):
+    if time.time() >= deadline:  # nothing more is sent to an engine for a request that has run out of time
+        raise OpenAIError(504, "the request's deadline passed before every passage was read", "server_error", "timeout")
     request = ChatCompletionRequest(model=body.model, messages=messages, max_tokens=max_tokens, temperature=0, user=body.user)
-    job = gateway.make_job(request, await gateway.encoder.encode_chat(messages), caller, "doc")
+    job = gateway.make_job(request, await gateway.encoder.encode_chat(messages), caller, "doc", deadline)
     ticket.use(len(job.prompt_token_ids) + job.sampling.max_tokens)
     return job
 

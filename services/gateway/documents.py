@@ -1,16 +1,23 @@
 """Long-document questions: map the question over the document's passages, reduce the notes
 into one answer, and cite the passages it drew on.
 
-The prompts and the citation choice are pure functions; `take_notes` runs the map requests
-concurrently, a bounded number at a time, and when one fails stops the others (their engine
-requests are cancelled) before the error is answered.
+The prompts, the citation choice, the bound on passages per question and what a question may
+cost are pure functions; `take_notes` runs the map requests concurrently, a bounded number at
+a time, and when one fails stops the others (their engine requests are cancelled) before the
+error is answered.
 """
 
 import asyncio
 import re
 from dataclasses import dataclass
 
+from services.gateway.errors import OpenAIError, invalid_request
+
 NOTHING = "NOTHING"
+# tokens a prompt adds to what it quotes: the system message, the template's turns, the instructions
+PROMPT_TOKENS = 96
+# tokens a note's citation mark and clause add to it in the final prompt
+NOTE_MARK_TOKENS = 16
 _CITED = re.compile(r"\[(\d+)\]")
 
 
@@ -59,6 +66,23 @@ def reduce_messages(question: str, passages: list[Passage]) -> list[dict]:
             f"Question: {question}\n\nAnswer from the notes only, and cite the [n] of each note you use."
         )},
     ]
+
+
+def too_many_passages(passages: int, limit: int, passage_tokens: int | None) -> OpenAIError | None:
+    """The refusal of a document cut into more passages than one request may ask about, or None."""
+    if passages <= limit:
+        return None
+    budget = f"passage_tokens {passage_tokens}" if passage_tokens else "the chunker's default passage_tokens"
+    return invalid_request(f"the document is cut into {passages} passages at {budget}; a question may read at most "
+                           f"{limit}: ask about a shorter document or use larger passages", "document", "too_many_passages")
+
+
+def question_cost(passage_tokens: list[int], question_tokens: int, note_max_tokens: int, max_tokens: int) -> int:
+    """The most a question over these passages may spend, counted as its engine jobs are (prompt +
+    max_tokens): a note per passage, then the answer, whose prompt holds every note."""
+    notes = sum(tokens + question_tokens + PROMPT_TOKENS + note_max_tokens for tokens in passage_tokens)
+    answer = len(passage_tokens) * (note_max_tokens + NOTE_MARK_TOKENS) + question_tokens + PROMPT_TOKENS + max_tokens
+    return notes + answer
 
 
 def citations(answer: str, passages: list[Passage]) -> list[dict]:

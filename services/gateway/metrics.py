@@ -31,6 +31,9 @@ class GatewayMetrics:
             ["adapter_name", "ab_group"], buckets=LATENCY_BUCKETS, registry=self.registry,
         )
         self.inflight = Gauge("k25_gateway_inflight_requests", "Requests in flight", registry=self.registry)
+        self.body_bytes_in_flight = Gauge(
+            "k25_gateway_body_bytes_in_flight", "What the request bodies in flight may hold (each at its Content-Length)",
+            registry=self.registry)
         self.engines = Gauge("k25_gateway_live_engines", "Engines in the registry, by pool", ["pool"], registry=self.registry)
         self.prefix_routing = Counter(
             "k25_gateway_prefix_routing", "Requests by what the prefix index expected of the engine chosen and what it "

@@ -1,21 +1,71 @@
 """The OpenAI request and response bodies the gateway accepts and returns.
 
 Unknown request fields are ignored (clients send many); fields K25 cannot honour are
-refused with a clear message rather than silently dropped.
+refused with a clear message rather than silently dropped. Text that is not Unicode (a lone
+surrogate such as "\ud800", which JSON can spell but UTF-8 cannot) is refused wherever it
+stands in a request body, before anything else reads it; a top_p so small that the engine's
+float32 would read it as 0 ("off") is raised to the smallest positive float32 it can read.
 """
 
 import math
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 # characters per token when a prompt's tokens are estimated before tokenising (as OpenAI's rate limits do)
 CHARS_PER_TOKEN = 4
 
 
+# the smallest positive normal float32: smaller values flush to 0 on the wire or on a GPU
+FLOAT32_TINY = 1.1754943508222875e-38
+
+
 def estimated_tokens(text: str) -> int:
     return math.ceil(len(text) / CHARS_PER_TOKEN)
+
+
+def lone_surrogate_at(value, path: str = "") -> str | None:
+    """Where in a decoded JSON value the first string (value or key) holding a lone surrogate
+    stands, e.g. "messages[0].content"; None when every string is Unicode. Iterative: a deeply
+    nested body costs no recursion."""
+    pending = [(path, value)]
+    while pending:
+        where, item = pending.pop()
+        if isinstance(item, str):
+            if not _is_unicode(item):
+                return where or "the body"
+        elif isinstance(item, dict):
+            for key, inner in reversed(item.items()):
+                inner_path = f"{where}.{key}" if where else str(key)
+                if isinstance(key, str) and not _is_unicode(key):
+                    return f"a key of {where}" if where else "a key of the body"
+                pending.append((inner_path, inner))
+        elif isinstance(item, list):
+            pending.extend((f"{where}[{i}]", inner) for i, inner in reversed(list(enumerate(item))))
+    return None
+
+
+def _is_unicode(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # only surrogates fail: every other code point has a UTF-8 form
+        return False
+    return True
+
+
+class UnicodeBody(BaseModel):
+    """A request body whose every string must be Unicode text."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode_only(cls, body):
+        where = lone_surrogate_at(body)
+        if where is not None:
+            raise ValueError(f"{where} holds a lone surrogate (U+D800..U+DFFF), which is not text; send valid Unicode")
+        return body
 
 
 class TextPart(BaseModel):
@@ -37,7 +87,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(UnicodeBody):
     """What chat and completion requests share."""
 
     model_config = ConfigDict(extra="ignore")
@@ -55,6 +105,13 @@ class SamplingFields(BaseModel):
     user: str | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+
+    @field_validator("top_p")
+    @classmethod
+    def _readable_top_p(cls, top_p: float) -> float:
+        """A top_p below float32's range would reach the engine as 0, which reads as "off":
+        the smallest one it can read keeps the client's meaning (the most likely token only)."""
+        return max(top_p, FLOAT32_TINY)
 
     @field_validator("n")
     @classmethod

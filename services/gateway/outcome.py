@@ -9,6 +9,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from common.tracing import traceparent_of
 from proto import k25_pb2
+from services.gateway.canary import canary_outcome
 from services.gateway.dispatch import Job
 from services.gateway.responses import FINISH_REASONS
 
@@ -81,7 +82,9 @@ class RequestOutcome:
         failed = status >= 500
         adapter = self.adapter
         if adapter is not None:
-            g.accounting.finished(adapter.name, adapter.version, now, now - self.started, failed)
+            counted = canary_outcome(adapter.group, status)
+            if counted is not None:
+                g.accounting.finished(adapter.name, adapter.version, now, now - self.started, counted)
             g.metrics.lora_requests.labels(adapter.name, adapter.version, adapter.group, str(status)).inc()
             if not failed:
                 g.metrics.lora_latency.labels(adapter.name, adapter.group).observe(now - self.started)

@@ -6,6 +6,11 @@ A Redis that comes back may have lost every key: engines seen before the outage 
 view for one heartbeat TTL after it (each its own, as its last entry said), the time they
 have to register again.
 
+An entry that cannot be read or claims values out of bounds (routing.py `out_of_bounds`) is
+ignored, and so is a rollout index member whose name or hash breaks the contract: that
+adapter keeps its last good state, the others change as Redis says. Each is logged when it
+first appears (or its reason changes), not at every refresh.
+
 It also keeps the pools the gateway knows of: those its settings name, and every pool an
 engine has registered in since the gateway started, also once its engines are gone (a
 pool scaled to zero is still a pool that demand can wake).
@@ -19,7 +24,7 @@ import time
 import redis
 
 from common.redis_keys import live_engines
-from common.rollout_keys import RolloutState, RolloutStateError, read_all_rollouts
+from common.rollout_keys import RolloutState, read_each_rollout
 from services.gateway.routing import EngineView, PoolInfo, known_pools
 
 log = logging.getLogger(__name__)
@@ -37,6 +42,7 @@ class RegistryView:
         self.rollouts: dict[str, RolloutState] = {}  # adapter -> its rollout state
         self.redis_ok: bool | None = None  # None until the first read
         self.last_read_at: float | None = None
+        self.ignored: dict[str, str] = {}  # what the last read ignored ("engine X" or "rollout Y") and why
 
     async def wait_for_refresh(self, timeout_s: float) -> None:
         """Return after the next refresh, or after `timeout_s`, whichever comes first."""
@@ -53,7 +59,7 @@ class RegistryView:
 
     async def _refresh(self) -> None:
         try:
-            entries, rollouts = await asyncio.to_thread(self._read)
+            entries, rollouts, broken_rollouts = await asyncio.to_thread(self._read)
         except redis.RedisError as exc:
             if self.redis_ok is not False:
                 log.warning("registry Redis unreachable (%s); routing with the last %d engines seen", exc, len(self.engines))
@@ -63,11 +69,10 @@ class RegistryView:
         if self.redis_ok is False:
             log.info("registry Redis is back: %d engines", len(entries))
             self._recovered_at = now
-        views = [EngineView.from_entry(engine_id, entry) for engine_id, entry in entries.items()]
-        broken = [engine_id for engine_id, view in zip(entries, views) if view is None]
-        if broken:
-            log.warning("ignoring unreadable registry entries: %s", ", ".join(broken))
-        fresh = [v for v in views if v is not None]
+        judged = {engine_id: EngineView.judge(engine_id, entry) for engine_id, entry in entries.items()}
+        ignored = {f"engine {engine_id}": why for engine_id, why in judged.items() if isinstance(why, str)}
+        self._report({**ignored, **{f"rollout {name}": why for name, why in broken_rollouts.items()}})
+        fresh = [v for v in judged.values() if isinstance(v, EngineView)]
         if self._recovered_at is not None:
             fresh_ids = {v.engine_id for v in fresh}
             fresh += [e for e in self.engines
@@ -78,11 +83,14 @@ class RegistryView:
         self.redis_ok = True
         self.last_read_at = now
 
-    def _read(self) -> tuple[dict, dict[str, RolloutState]]:
+    def _read(self) -> tuple[dict, dict[str, RolloutState], dict[str, str]]:
         entries = live_engines(self.client, self.release)
-        try:
-            rollouts = read_all_rollouts(self.client, self.release)
-        except RolloutStateError as exc:  # a broken hash must not stop routing: keep the last good states
-            log.warning("ignoring unreadable rollout state (%s); keeping the last one read", exc)
-            rollouts = self.rollouts
-        return entries, rollouts
+        states, broken = read_each_rollout(self.client, self.release)
+        kept = {name: self.rollouts[name] for name in broken if name in self.rollouts}  # its last good state
+        return entries, dict(sorted({**states, **kept}.items())), broken
+
+    def _report(self, ignored: dict[str, str]) -> None:
+        for what, why in ignored.items():
+            if self.ignored.get(what) != why:
+                log.warning("registry: ignoring %s: %s", what, why)
+        self.ignored = ignored

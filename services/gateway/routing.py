@@ -43,6 +43,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
+from common.redis_keys import ENTRY_LIMITS
+
 # free KV is compared in steps of 1/KV_STEPS: within a step, load decides
 KV_STEPS = 20
 # what holding one chunk of a prompt's prefix is worth, in requests of load: an engine that
@@ -85,9 +87,15 @@ class EngineView:
 
     @classmethod
     def from_entry(cls, engine_id: str, entry: dict) -> "EngineView | None":
-        """None for an entry that lacks a field, has one of the wrong type or a limit out of
+        """None for an entry that lacks a field, has one of the wrong type or a value out of
         range (an engine too old to report its limits included): a broken heartbeat must not
         take routing down, and an engine is judged by its own limits or not at all."""
+        judged = cls.judge(engine_id, entry)
+        return judged if isinstance(judged, EngineView) else None
+
+    @classmethod
+    def judge(cls, engine_id: str, entry: dict) -> "EngineView | str":
+        """The view of a registry entry, or why it is ignored."""
         try:
             view = cls(
                 engine_id=engine_id,
@@ -111,12 +119,30 @@ class EngineView:
                 step_failures=int(entry.get("step_failures") or 0),
                 capacity_tokens=int(entry.get("capacity_tokens") or 0),
             )
-        except (KeyError, TypeError, ValueError):
-            return None
-        sane = (view.chunk_size > 0 and view.max_model_len > 0 and 0.0 <= view.kv_admission_limit <= 1.0
-                and view.max_waiting >= 0 and view.heartbeat_ttl_s > 0 and view.block_size >= 0
-                and view.step_failures >= 0 and view.capacity_tokens >= 0)  # NaN fails every comparison
-        return view if sane else None
+        except KeyError as missing:
+            return f"no {missing.args[0]}"
+        except (TypeError, ValueError) as exc:
+            return f"unreadable ({exc})"
+        return out_of_bounds(view) or view
+
+
+def out_of_bounds(view: EngineView) -> str | None:
+    """What in a registry entry is out of its range (common/redis_keys.py ENTRY_LIMITS), or None."""
+    floors = {"chunk_size": 1, "max_model_len": 1, "max_waiting": 0, "heartbeat_ttl_s": 1e-3, "block_size": 0,
+              "step_failures": 0, "capacity_tokens": 0, "running": 0, "waiting": 0}
+    for name, floor in floors.items():
+        value = getattr(view, name)
+        if not floor <= value <= ENTRY_LIMITS[name]:  # NaN fails too
+            return f"{name} {value} is outside [{floor}, {ENTRY_LIMITS[name]}]"
+    for name in ("kv_admission_limit", "free_kv_fraction"):
+        if not 0.0 <= getattr(view, name) <= 1.0:
+            return f"{name} {getattr(view, name)} is outside [0, 1]"
+    if len(view.adapters) > ENTRY_LIMITS["adapters"]:
+        return f"{len(view.adapters)} adapters listed, more than {ENTRY_LIMITS['adapters']}"
+    texts = [view.address, view.pool, view.model, view.incarnation, *view.adapters]
+    if any(len(text) > ENTRY_LIMITS["text"] for text in texts):
+        return f"a name or address longer than {ENTRY_LIMITS['text']} characters"
+    return None
 
 
 @dataclass(frozen=True)

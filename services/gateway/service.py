@@ -49,7 +49,8 @@ from services.gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
 
-# a non-streamed request whose engine dies is started again elsewhere, at most this often
+# a non-streamed request whose engine shuts down mid-answer is started again elsewhere, at
+# most this often (an engine that crashes counts against the request's crash budget, dispatch.py)
 MAX_ENGINE_LOSSES = 2
 
 
@@ -164,7 +165,10 @@ class Gateway:
                               "invalid_request_error", "model_not_found", "model")
         return choice
 
-    def make_job(self, body: SamplingFields, prompt_ids: list[int], caller: Caller, prefix: str) -> Job:
+    def make_job(self, body: SamplingFields, prompt_ids: list[int], caller: Caller, prefix: str,
+                 deadline: float | None = None) -> Job:
+        """`deadline` (epoch seconds): that of the whole request the job is part of; None: the
+        settings' request timeout from now."""
         s = self.settings
         adapter = self.resolve_model(body.model, caller, body.user)
         if not prompt_ids:
@@ -187,7 +191,7 @@ class Gateway:
             sampling.seed = body.seed
         return Job(
             request_id=f"{prefix}-{uuid.uuid4().hex}", tenant=caller.tenant, model=body.model, prompt_token_ids=prompt_ids,
-            sampling=sampling, deadline=time.time() + s.request_timeout_s, adapter=adapter,
+            sampling=sampling, deadline=time.time() + s.request_timeout_s if deadline is None else deadline, adapter=adapter,
             cache_salt="" if s.share_prefix_cache_across_tenants else caller.tenant,
         )
 
@@ -251,6 +255,8 @@ class Gateway:
                 return answer
             except EngineLost as exc:
                 lost.add(opened.engine.engine_id)
+                if exc.crashed:
+                    job.lose_engine(opened.engine.engine_id)
                 log.warning("request %s: %s; starting it again elsewhere", job.request_id, exc)
                 if len(lost) > MAX_ENGINE_LOSSES:
                     raise overloaded("the engines serving this request went away; try again") from None

@@ -18,9 +18,12 @@ class GatewaySettings:
     default_max_tokens: int = 512  # when a chat request gives none (capped by the context)
     max_tokens_limit: int = 8192
     max_body_bytes: int = 8 * 1024 * 1024
+    body_timeout_s: float = 30.0  # a request body must arrive within this; later: 408
+    max_body_bytes_in_flight: int = 512 << 20  # what all the bodies held at once may take; beyond: 503
     max_inflight: int = 2048  # requests in flight beyond which new ones get 503 at once
     tokenizer_threads: int = 4  # threads that render chat templates and tokenise, off the event loop
     document_fanout: int = 8  # engine requests (one per passage) that one /v1/documents/ask runs at once
+    max_document_passages: int = 256  # passages one /v1/documents/ask may have; more: 400
     engine_connect_timeout_s: float = 1.0
     zmq_sndhwm: int = 5000
     zmq_rcvhwm: int = 5000

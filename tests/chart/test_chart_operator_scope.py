@@ -1,8 +1,8 @@
 """The chart's operator handles its own release only: its EnginePools and AdapterRollouts carry
-the release label the operator selects, its peering record is the release's own, and with
-operator.watchNamespace release it watches the release's namespace under a Role, with no
-cluster-wide permission. The engine pods it builds from the chart's pools drain and probe as
-their pool says."""
+the release label the operator selects, its peering record is the release's own, and by
+default (operator.watchNamespace release) it watches the release's namespace under a Role,
+with no cluster-wide permission; watchNamespace all, chosen explicitly, gives it a ClusterRole.
+The engine pods it builds from the chart's pools drain and probe as their pool says."""
 
 import pytest
 import yaml
@@ -26,6 +26,7 @@ from tests.helpers.paths import K8S
 
 CLUSTER_SCOPED = ("customresourcedefinitions", "namespaces")
 NAMESPACED = "operator:\n  watchNamespace: release\n"
+CLUSTER_WIDE = "operator:\n  watchNamespace: all\n"
 
 
 def reference_rules() -> list[dict]:
@@ -45,15 +46,26 @@ def test_the_charts_pools_and_rollouts_carry_the_release_the_operator_handles():
     assert {r["metadata"]["labels"][RELEASE_LABEL] for r in labelled} == {release} == {RELEASE}
 
 
-def test_by_default_the_operator_watches_every_namespace_under_a_cluster_role():
+def test_by_default_the_operators_rbac_names_only_the_release_namespace():
     objects = rendered(None)
+    assert build_parser().parse_args(operator_args(objects)[1:]).namespace == [NAMESPACE]
+    assert not of_kind(objects, "ClusterRole") and not of_kind(objects, "ClusterRoleBinding")
+    assert not of_kind(objects, "ClusterKopfPeering")
+    assert [r["kind"] for r in objects if r["kind"] in ("Role", "RoleBinding")] == ["Role", "RoleBinding"]
+    assert named(objects, "RoleBinding", f"{RELEASE}-operator")["roleRef"]["kind"] == "Role"
+
+
+def test_watching_every_namespace_is_an_explicit_choice_of_a_cluster_role(tmp_path):
+    objects = rendered_with(CLUSTER_WIDE, tmp_path)
     assert "--namespace" not in operator_args(objects)
     assert not of_kind(objects, "Role") and not of_kind(objects, "KopfPeering")
     assert [p["metadata"]["name"] for p in of_kind(objects, "ClusterKopfPeering")] == [peering_name(RELEASE)]
 
 
-def test_a_second_release_has_its_own_peering_record_and_the_rights_on_it():
-    result = helm("template", "canary", str(CHART), "--namespace", NAMESPACE)
+def test_a_second_release_has_its_own_peering_record_and_the_rights_on_it(tmp_path):
+    values = tmp_path / "values.yaml"
+    values.write_text(CLUSTER_WIDE)
+    result = helm("template", "canary", str(CHART), "--namespace", NAMESPACE, "--values", str(values))
     assert result.returncode == 0, result.stderr
     objects = [d for d in yaml.safe_load_all(result.stdout) if d]
     [peering] = of_kind(objects, "ClusterKopfPeering")

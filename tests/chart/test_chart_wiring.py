@@ -29,6 +29,7 @@ from tests.helpers.helm_chart import (
     named,
     of_kind,
     rendered,
+    rendered_with,
     value_set_id,
 )
 from tests.helpers.network_policy import selects
@@ -52,9 +53,10 @@ def env_of(c: dict) -> dict:
 
 # --- one source of truth ------------------------------------------------------------------
 
-def test_the_operators_cluster_role_has_exactly_the_rules_of_k8s_rbac():
+def test_the_operators_cluster_role_has_exactly_the_rules_of_k8s_rbac(tmp_path):
+    """With operator.watchNamespace all (the default is the release's namespace, test_chart_operator_scope.py)."""
     reference = next(d for d in yaml.safe_load_all((K8S / "rbac" / "operator.yaml").read_text()) if d["kind"] == "ClusterRole")
-    objects = rendered(None)
+    objects = rendered_with("operator:\n  watchNamespace: all\n", tmp_path)
     assert named(objects, "ClusterRole", "k25-operator")["rules"] == reference["rules"]
     binding = named(objects, "ClusterRoleBinding", "k25-operator")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "k25-operator", "namespace": NAMESPACE}]
@@ -72,7 +74,8 @@ def test_the_components_run_the_agreed_command_lines():
         "--pool", "a100-40g=2048", "--pool", "a100-80g=4096", "--pool", "h100-80g=8192"]
     assert container(objects, "Deployment", "k25-chunker")["args"] == [
         "k25", "chunker", "--zmq-port", "5600", "--metrics-port", "9600", "--model", "/models/SmolLM2-135M-Instruct.Q4_1.gguf"]
-    assert container(objects, "Deployment", "k25-operator")["args"] == ["k25", "operator", "--release", "k25"]
+    assert container(objects, "Deployment", "k25-operator")["args"] == [
+        "k25", "operator", "--release", "k25", "--namespace", NAMESPACE]
 
 
 @pytest.mark.parametrize("component", ["gateway", "chunker", "operator", "engine"])
@@ -271,6 +274,15 @@ def test_the_gateway_probes_healthz_and_readyz_on_its_port():
     assert gateway["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert gateway["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert gateway["ports"] == [{"name": "http", "containerPort": 8000}]
+
+
+def test_the_chunker_liveness_probe_asks_its_serving_loop():
+    """TCP on the metrics port passes while the serving loop is stuck on one document; /healthz does not."""
+    chunker = container(rendered(None), "Deployment", "k25-chunker")
+    assert chunker["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert {"name": "metrics", "containerPort": 9600} in chunker["ports"]
+    args = build_parser().parse_args(chunker["args"][1:])
+    assert args.metrics_port == 9600
 
 
 def test_the_ingress_sends_its_host_to_the_gateway_service_over_tls():

@@ -59,6 +59,8 @@ def test_chunk_reads_standard_input_in_a_real_process():
         (["chunk", "--semantic-threshold", "1.5", str(LICENSE)], "semantic_threshold must be between 0 and 1"),
         (["chunk", "--model", "/no/such/model.gguf", str(LICENSE)], "/no/such/model.gguf"),
         (["chunker", "--max-document-bytes", "0"], "--max-document-bytes must be positive"),
+        (["chunker", "--stuck-after-s", "0"], "--stuck-after-s must be positive"),
+        (["chunker", "--stuck-after-s", "nan"], "--stuck-after-s must be positive"),
         (["chunker", "--chunk-size", "4"], "passage_tokens (chunk_size) must be between 16"),
         (["chunker", "--passage-tokens", "4"], "passage_tokens (chunk_size) must be between 16"),
         (["bench", "chunk", "--repeats", "0", str(LICENSE)], "--repeats must be at least 1"),

@@ -16,6 +16,7 @@ from services.chunker.wire import build_request
 from services.gateway.chunker_client import ChunkerClient, ChunkerError
 from tests.helpers.chunker_process import DEFAULTS, MAX_DOCUMENT_BYTES, start_chunker
 from tests.helpers.engine_process import dealer
+from tests.helpers.http_json import get_json
 from tests.helpers.paths import CONTRACTS
 from tests.helpers.redis_server import free_port
 
@@ -210,6 +211,21 @@ async def test_closing_the_client_cancels_what_waits():
     with pytest.raises(ChunkerError) as info:
         await waiting
     assert info.value.code == "CANCELLED"
+
+
+def test_the_process_serves_healthz_for_its_liveness_probe(chunker):
+    status, body = get_json(f"http://127.0.0.1:{chunker.metrics_port}/healthz")
+    assert status == 200 and body["healthy"] is True
+
+
+def test_the_pathological_document_of_the_issue_is_cut(chunker):
+    """Dots up to the size limit, then a hard-wrapped lower-case line: quadratic before."""
+    text = "." * (MAX_DOCUMENT_BYTES - 3) + "x\ny"
+    client = dealer(chunker.address)
+    response = ask(client, build_request("dots", text))
+    client.close()
+    assert not response.HasField("error")
+    assert response.chunks[0].start_char == 0 and response.chunks[-1].end_char == len(text)
 
 
 def test_sigterm_stops_the_service_cleanly(tmp_path):

@@ -11,7 +11,11 @@ each scenario prints what its load saw (`pytest -s` shows it):
     it is unhealthy and gets no more traffic; only streams it was running when its steps
     began to fail end (with an error event), and it serves again once its steps work;
 (e) a pool at zero engines (`k25 up --engines 0 --autoscale`) gets load: its requests wait
-    while their own demand starts the first engine; no request fails.
+    while their own demand starts the first engine; no request fails;
+(f) a query of death across three engines (`k25 up --engines 3`): every engine that takes one
+    request dies (SIGKILL as soon as its KV events show the request's prompt); the gateway
+    tries it on one more engine, then refuses it (502) instead of sending it to the third;
+    only the streams the two killed engines were running fail.
 
 Each scenario begins with the whole stack serving and ends once the hurt part is back and
 the load has gone on past that.
@@ -28,7 +32,10 @@ from dataclasses import dataclass
 import openai
 import pytest
 
-from common.redis_keys import live_engines
+from common.prefix_hash import cache_seed, chain_block_hashes
+from common.redis_keys import kv_events_channel, live_engines
+from proto import k25_pb2
+from services.gateway.api_keys import ANONYMOUS
 from tests.helpers.engine_process import wait_until
 from tests.helpers.gateway_process import http_json, start_stack
 from tests.helpers.up_stack import incarnation, part_pid, redis_client, two_engine_stack
@@ -218,3 +225,67 @@ def test_a_pool_at_zero_is_woken_by_its_own_demand_and_no_request_fails(empty_po
         wait_until(lambda: load.completed() >= STEADY_COMPLETIONS, timeout_s=RECOVERY_TIMEOUT_S, what="the load flowing")
     assert load.failed() == []
     assert incarnation(redis_client(stack), "engine-default-0") is not None  # the engine its demand started
+
+
+@pytest.fixture
+def three_engine_stack(tmp_path):
+    service = start_stack(str(tmp_path / "up.log"), "--model", "tiny-random", "--engines", "3", "--log-dir", str(tmp_path))
+    yield service
+    service.stop(signal.SIGINT)
+
+
+ENGINES = ("engine-default-0", "engine-default-1", "engine-default-2")
+# the query of death: a prompt of its own (no load request shares its prefix blocks), asking for
+# the whole context so that it is still running when its engine is found and killed
+DEADLY_PROMPT = [(7919 * i) % 997 + 3 for i in range(64)]
+
+
+def test_a_query_of_death_kills_two_engines_at_most_and_is_refused(three_engine_stack):
+    stack, client = three_engine_stack, redis_client(three_engine_stack)
+    wait_until(lambda: sum(incarnation(client, e) is not None for e in ENGINES) == 3, timeout_s=RECOVERY_TIMEOUT_S,
+               what="three engines registered")
+    first = {e: incarnation(client, e) for e in ENGINES}
+    block_size = live_engines(client, "k25")[ENGINES[0]]["block_size"]
+    deadly_blocks = set(chain_block_hashes(DEADLY_PROMPT, block_size, cache_seed("", ANONYMOUS.tenant)))
+    events = client.pubsub(ignore_subscribe_messages=True)
+    events.subscribe(kv_events_channel("k25"))
+    killed, kills_at, answer = [], [], {}
+
+    def holder() -> str | None:
+        """The engine whose prefix cache took the deadly prompt's blocks, if one did since the last look."""
+        message = events.get_message(timeout=0.2)
+        if message is None:
+            return None
+        event = k25_pb2.KVEvents.FromString(message["data"])
+        return event.engine_id if deadly_blocks & set(event.stored) and event.engine_id not in killed else None
+
+    def ask() -> None:
+        answer["reply"] = http_json(f"{stack.url}/v1/completions", {"model": "tiny-random", "prompt": DEADLY_PROMPT,
+                                    "max_tokens": 8000, "temperature": 0}, timeout_s=600)
+
+    with Load(stack.url, "(f) a query of death across three engines") as load:
+        wait_until(lambda: load.completed() >= STEADY_COMPLETIONS, timeout_s=RECOVERY_TIMEOUT_S, what="the load flowing")
+        asker = threading.Thread(target=ask)
+        asker.start()
+        while len(killed) < 2:
+            engine = wait_until(holder, timeout_s=RECOVERY_TIMEOUT_S, interval_s=0, what="an engine taking the query")
+            kills_at.append(time.monotonic())
+            os.kill(part_pid(stack, engine), signal.SIGKILL)
+            killed.append(engine)
+        asker.join(timeout=600)
+        wait_until(lambda: all(incarnation(client, e) not in (None, first[e]) for e in killed),
+                   timeout_s=RECOVERY_TIMEOUT_S, what="the killed engines starting again")
+        settled = load.completed()
+        wait_until(lambda: load.completed() >= settled + STEADY_COMPLETIONS, timeout_s=RECOVERY_TIMEOUT_S,
+                   what="the load flowing again")
+    events.close()
+    status, headers, body = answer["reply"]
+    assert status == 502 and body["error"]["code"] == "request_crashed_engines", body
+    [spared] = [e for e in ENGINES if e not in killed]
+    assert incarnation(client, spared) == first[spared]  # never killed: the query never reached it
+    # a stream the kills cut ends with an error event; one that lost both engines before its first
+    # token (sent to the first as it died, then to the second) is refused by its own crash budget
+    failed = load.failed()
+    assert all(o.result.startswith("error event") or o.result == "http 502" for o in failed), failed
+    assert all(o.started < kills_at[-1] for o in failed), failed
+    assert len(failed) <= 2 * SENDERS  # at most the streams each sender had on the two killed engines

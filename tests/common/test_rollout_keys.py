@@ -16,6 +16,7 @@ from common.rollout_keys import (
     adapter_stats_key,
     delete_rollout,
     read_all_rollouts,
+    read_each_rollout,
     read_rollout,
     record_version_outcomes,
     rollout_channel,
@@ -150,6 +151,18 @@ def test_a_hash_that_breaks_the_contract_is_reported_with_its_key(redis_client, 
         read_rollout(redis_client, "rel", "legal")
     with pytest.raises(RolloutStateError, match="rel:rollout:legal"):
         read_all_rollouts(redis_client, "rel")
+
+
+def test_each_rollout_is_read_on_its_own_and_the_broken_ones_are_named(redis_client):
+    write_rollout(redis_client, "rel", "legal", CANARY)
+    write_rollout(redis_client, "rel", "tax", CANARY)
+    redis_client.hset("rel:rollout:tax", "phase", "Paused")
+    redis_client.sadd(rollout_index_key("rel"), "bad name")
+    states, broken = read_each_rollout(redis_client, "rel")
+    assert set(states) == {"legal"}
+    assert set(broken) == {"bad name", "tax"}
+    assert "rel:rollout:tax" in broken["tax"] and "phase must be one of" in broken["tax"]
+    assert "rel:rollout_adapters" in broken["bad name"] and "'bad name'" in broken["bad name"]
 
 
 def test_a_hash_with_missing_fields_names_them(redis_client):

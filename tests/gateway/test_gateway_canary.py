@@ -1,25 +1,35 @@
 """Which adapter version a request gets: placement by a stable hash, allow-lists, pinning;
-anonymous requests split one by one."""
+anonymous requests split one by one; what counts in a version's statistics."""
 
 import math
+import time
 
 import pytest
+import redis
 from hypothesis import given
 from hypothesis import strategies as st
+from opentelemetry import trace
 
 from common.rollout_keys import PROGRESSING, RolloutState
+from common.tokenizer import load_tokenizer
+from proto import k25_pb2
 from services.gateway.canary import (
     CANARY,
     PINNED,
     STABLE,
     AdapterChoice,
     UnknownModel,
+    canary_outcome,
     choose_adapter,
     place,
     placement_key,
     user_bucket,
 )
+from services.gateway.dispatch import Job
+from services.gateway.outcome import RequestOutcome
 from services.gateway.request_id import new_request_id
+from services.gateway.service import Gateway
+from services.gateway.settings import GatewaySettings
 
 SHA = "a" * 64
 
@@ -122,3 +132,26 @@ def test_identified_callers_stay_on_their_side():
         versions = {choose_adapter("legal", BASE, rollouts, loaded, placement_key(user, key_id, new_request_id())).version
                     for _ in range(20)}
         assert len(versions) == 1
+
+
+@pytest.mark.parametrize("group, status, counted", [
+    (CANARY, 200, False), (STABLE, 200, False),
+    (CANARY, 500, True), (CANARY, 502, True), (CANARY, 504, True),
+    (CANARY, 503, None),  # adapter_loading, overloaded: the fleet, not the version
+    (CANARY, 400, None), (CANARY, 404, None), (CANARY, 499, None),  # the client's doing
+    (PINNED, 200, None), (PINNED, 500, None),  # the client chose the version, not the split
+])
+def test_the_canary_statistics_count_only_what_the_split_sent_and_an_engine_ran(group, status, counted):
+    assert canary_outcome(group, status) is counted
+
+
+def test_a_pinned_request_leaves_no_trace_in_the_version_statistics():
+    gateway = Gateway(GatewaySettings(model="tiny-random"), load_tokenizer("tiny-random"), redis.Redis(port=1))
+    for group, status in ((PINNED, 500), (CANARY, 503), (CANARY, 500), (STABLE, 200)):
+        job = Job(request_id=f"r-{group}-{status}", tenant="t", model="legal", prompt_token_ids=[5],
+                  sampling=k25_pb2.SamplingParams(max_tokens=1), deadline=time.time() + 60,
+                  adapter=AdapterChoice("legal", "v2" if group == CANARY else "v1", group))
+        RequestOutcome(gateway, "default", time.time(), job, False, trace.INVALID_SPAN).done(status)
+    pending = gateway.accounting.pending.versions
+    counted = {(adapter, version): (c.requests, c.errors) for (adapter, version, _), c in pending.items()}
+    assert counted == {("legal", "v2"): (1, 1), ("legal", "v1"): (1, 0)}

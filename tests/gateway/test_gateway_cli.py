@@ -11,6 +11,10 @@ def test_the_defaults():
     assert (args.pools, args.engine_wait_s, args.engine_error_window_s) == ([], 30.0, 30.0)
 
 
+def test_a_document_question_reads_at_most_256_passages_by_default():
+    assert build_parser().parse_args(["gateway"]).max_document_passages == 256
+
+
 def test_pools_are_read_as_name_and_chunk_size():
     args = build_parser().parse_args(["gateway", "--pool", "short=2048", "--pool", "long=8192"])
     assert args.pools == [("short", 2048), ("long", 8192)]
@@ -21,6 +25,10 @@ def test_pools_are_read_as_name_and_chunk_size():
     (["--engine-wait-s", "-1"], "--engine-wait-s must not be negative"),
     (["--engine-wait-s", "nan"], "--engine-wait-s must not be negative"),
     (["--engine-error-window-s", "0"], "--engine-error-window-s must be positive"),
+    (["--max-document-passages", "0"], "--max-document-passages must be at least 1"),
+    (["--body-timeout-s", "0"], "--body-timeout-s must be positive"),
+    (["--max-body-bytes", "1000", "--max-body-bytes-in-flight", "999"],
+     "--max-body-bytes-in-flight must be at least --max-body-bytes (or no body of that size could ever be read)"),
 ])
 def test_flags_that_cannot_work_are_refused_before_anything_loads(flags, message, capsys):
     args = build_parser().parse_args(["gateway", *flags])

@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 
 import httpx
@@ -18,8 +19,20 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from common.tokenizer import load_tokenizer
 from services.gateway.api_keys import ANONYMOUS
-from services.gateway.document_routes import AskRequest, ChunksRequest, install_document_routes
-from services.gateway.documents import NOTHING, Passage, citations, map_messages, reduce_messages, take_notes
+from services.gateway.admission import Ticket
+from services.gateway.document_routes import AskRequest, ChunksRequest, _ask, _job, install_document_routes
+from services.gateway.documents import (
+    NOTE_MARK_TOKENS,
+    NOTHING,
+    PROMPT_TOKENS,
+    Passage,
+    citations,
+    map_messages,
+    question_cost,
+    reduce_messages,
+    take_notes,
+    too_many_passages,
+)
 from services.gateway.errors import OpenAIError, invalid_request
 from services.gateway.openai_schema import ChatCompletionRequest
 from services.gateway.service import Gateway, ReplyShape
@@ -136,6 +149,24 @@ def test_openapi_says_the_field_is_a_passage_budget_not_the_pool_s_chunk_size():
     assert "passage" in schemas["AskRequest"]["properties"]["note_max_tokens"]["description"]
 
 
+def test_a_document_within_the_passage_bound_is_read():
+    assert too_many_passages(256, 256, 16) is None
+
+
+def test_a_document_cut_into_more_passages_than_the_bound_is_refused_with_what_to_change():
+    error = too_many_passages(257, 256, 16)
+    assert error.status == 400 and error.code == "too_many_passages" and error.param == "document"
+    assert "257 passages" in error.message and "at most 256" in error.message and "passage_tokens 16" in error.message
+    assert "default passage_tokens" in too_many_passages(300, 256, None).message
+
+
+def test_a_note_asked_for_after_the_request_s_deadline_is_not_sent():
+    body = AskRequest(model="tiny-random", document="x", question="q")
+    with pytest.raises(OpenAIError) as late:
+        asyncio.run(_job(None, body, [], 4, ANONYMOUS, None, deadline=time.time() - 1))
+    assert late.value.status == 504 and late.value.code == "timeout"
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     folder = tmp_path_factory.mktemp("documents")
@@ -202,6 +233,82 @@ def test_ask_errors(stack, body, status, code):
     response = httpx.post(f"{stack.url}/v1/documents/ask", json=body, timeout=60)
     assert response.status_code == status
     assert code is None or response.json()["error"]["code"] == code
+
+
+@pytest.mark.slow
+def test_a_document_cut_into_too_many_passages_is_refused_before_any_note(stack):
+    text = CONTRACT.read_text()
+    passages = httpx.post(f"{stack.url}/v1/chunks", json={"text": text, "passage_tokens": 16}, timeout=60).json()["data"]
+    assert len(passages) > GatewaySettings().max_document_passages
+    before = gateway_requests(stack)
+    body = {"model": "tiny-random", "document": text, "question": "q", "passage_tokens": 16, "max_tokens": 4}
+    response = httpx.post(f"{stack.url}/v1/documents/ask", json=body, timeout=60)
+    assert response.status_code == 400 and response.json()["error"]["code"] == "too_many_passages"
+    assert f"{len(passages)} passages" in response.json()["error"]["message"]
+    assert gateway_requests(stack) == before
+
+
+FEES = AskRequest(model="tiny-random", document=CONTRACT.read_text()[:2000], question="What are the fees?",
+                  passage_tokens=256, max_tokens=4, note_max_tokens=2)
+
+
+def ask_in_process(stack, body: AskRequest, tokens_per_minute: int | None = None):
+    """`_ask` on a gateway in this process that shares the stack's registry and chunker, its
+    admission reserving as the route does. Returns (when it started, the deadline of each engine
+    job it ran, the error it ended with or None)."""
+    chunker = re.search(r"k25 up: chunker\s+tcp://(\S+),", stack.log()).group(1)
+
+    async def ask():
+        settings = GatewaySettings(model="tiny-random", release=UP_RELEASE, curve_secret_key=STACK_CURVE_KEY.encode(),
+                                   chunker_address=chunker, request_timeout_s=300)
+        gateway = Gateway(settings, load_tokenizer("tiny-random"), redis_client(stack))
+        await gateway.start()
+        deadlines, generate = [], gateway.generate
+
+        async def recorded(job, shape, span):
+            deadlines.append(job.deadline)
+            return await generate(job, shape, span)
+
+        gateway.generate = recorded
+        started, error = time.time(), None
+        ticket = Ticket(gateway.admission, "t", tokens_per_minute)
+        try:
+            ticket.reserve(body.reserved_tokens())
+            await _ask(gateway, body, trace.INVALID_SPAN, ANONYMOUS, ticket)
+        except OpenAIError as refused:
+            error = refused
+        finally:
+            await gateway.stop()
+        return started, deadlines, error
+
+    return asyncio.run(ask())
+
+
+@pytest.mark.slow
+def test_every_note_and_the_answer_share_the_request_s_one_deadline(stack):
+    """Not a fresh request timeout per passage: the notes and the answer run against one deadline."""
+    started, deadlines, error = ask_in_process(stack, FEES)
+    assert error is None
+    assert len(deadlines) > 2 and len(set(deadlines)) == 1  # every note, then the answer
+    assert started <= deadlines[0] - 300 <= time.time()
+
+
+@pytest.mark.slow
+def test_a_tenant_whose_rate_cannot_pay_for_the_whole_question_gets_429_before_any_note(stack):
+    """Its admission's first estimate passes; the question's whole cost, known once the document
+    is cut (small passages: many notes), is more than its rate can ever pay: refused before any
+    engine job, not charged after its notes ran."""
+    body = FEES.model_copy(update={"passage_tokens": 16})
+    _, deadlines, error = ask_in_process(stack, body, tokens_per_minute=2 * body.reserved_tokens())
+    assert error is not None and error.status == 429 and error.code == "rate_limit_exceeded"
+    assert "at most" in error.message and error.headers == {"x-should-retry": "false"}  # it never fits: no retry
+    assert deadlines == []
+
+
+def test_a_question_costs_every_note_then_an_answer_holding_every_note():
+    assert question_cost([100, 100], question_tokens=10, note_max_tokens=8, max_tokens=20) == (
+        2 * (100 + 10 + PROMPT_TOKENS + 8) + 2 * (8 + NOTE_MARK_TOKENS) + 10 + PROMPT_TOKENS + 20)
+    assert question_cost([], 10, 8, 20) == 10 + PROMPT_TOKENS + 20
 
 
 def engine_sample(metrics_url: str, name: str, **labels) -> float:

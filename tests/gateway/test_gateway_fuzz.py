@@ -3,10 +3,15 @@ valid and invalid ones, and sends them to a real gateway in front of a real engi
 model) and a real chunker: none may be answered with a server error.
 
 The cases are derandomized (a fixed seed, no example database), so a run either always finds
-a failure or never does. 503 would be legitimate for an overloaded gateway or a missing engine
-(both documented), but these servers are idle and complete, so here it is a failure too.
+a failure or never does. Beside them, hand-made hostile values go into every field of every
+route's body: lone surrogates, numbers beyond any integer or float type, deep nesting. 503
+would be legitimate for an overloaded gateway or a missing engine (both documented), but these
+servers are idle and complete, so here it is a failure too.
 """
 
+import json
+
+import httpx
 import pytest
 import redis
 import schemathesis
@@ -72,3 +77,41 @@ def steer(body) -> None:
         body.setdefault("max_tokens", MAX_TOKENS)
     if "document" in body:
         body.setdefault("note_max_tokens", MAX_TOKENS)
+
+
+# a valid body per route, into which each hostile value goes, one field at a time
+BASES = {
+    "/v1/chat/completions": {"model": "tiny-random", "messages": [{"role": "user", "content": "hi"}], "max_tokens": MAX_TOKENS},
+    "/v1/completions": {"model": "tiny-random", "prompt": "hi", "max_tokens": MAX_TOKENS},
+    "/v1/chunks": {"text": "Article 1. Scope."},
+    "/v1/documents/ask": {"model": "tiny-random", "document": "Article 1. Scope.", "question": "q", "max_tokens": MAX_TOKENS,
+                          "note_max_tokens": MAX_TOKENS},
+}
+# JSON texts: a lone surrogate, numbers no int64 or float64 holds, a list nested deeper than a parser recurses
+HOSTILE = ['"\\ud800"', '"a\\udfffb"', str(2**64), str(-(10**100)), "1e999", "[" * 100_000 + "]" * 100_000]
+POSTS = [path for path, item in OPENAPI["paths"].items() if "post" in item]
+
+
+def hostile_bodies(path: str):
+    """The route's valid body with one field (each of its schema's, and one it does not know) set to each hostile value."""
+    ref = OPENAPI["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    fields = [*OPENAPI["components"]["schemas"][ref.rsplit("/", 1)[1]]["properties"], "unknown_field"]
+    for name in fields:
+        for value in HOSTILE:
+            base = json.dumps({k: v for k, v in BASES[path].items() if k != name})
+            yield name, value, base[:-1] + f', "{name}": {value}}}'
+
+
+def test_every_post_route_has_a_base_body():
+    assert sorted(POSTS) == sorted(BASES)
+
+
+@pytest.mark.parametrize("path", POSTS)
+def test_hostile_values_in_any_field_get_no_server_error(path, gateway):
+    failures = []
+    for name, value, body in hostile_bodies(path):
+        response = httpx.post(f"{gateway.url}{path}", content=body.encode(), headers={"Content-Type": "application/json"},
+                              timeout=600)
+        if response.status_code >= 500:
+            failures.append(f"{name}={value[:20]}: {response.status_code} {response.text[:200]}")
+    assert failures == [], "\n".join(failures) + f"\ngateway log:\n{gateway.log()[-3000:]}"

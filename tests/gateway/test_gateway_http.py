@@ -16,6 +16,7 @@ from proto import k25_pb2
 from services.gateway.api_keys import ApiKeys, Caller, hash_key
 from services.gateway.app import create_app
 from services.gateway.errors import OpenAIError, from_engine_error
+from services.gateway.openai_schema import FLOAT32_TINY, ChatCompletionRequest, lone_surrogate_at
 from services.gateway.prompt_encoder import PromptEncoder
 from services.gateway.service import Gateway
 from services.gateway.settings import GatewaySettings
@@ -109,6 +110,42 @@ ASK = {"model": "tiny-random", "document": "Article 1.", "question": "q"}
 def test_a_passage_budget_beyond_the_chunker_s_is_400(client, path, extra):
     """Found by the fuzz test: one beyond the wire's uint32 failed building the chunker's request (a 500)."""
     assert_openai_error(client.post(path, json={**extra, "passage_tokens": 2**33}, headers=AUTH), 400, param="passage_tokens")
+
+
+LONE = "\ud800"  # JSON can spell it; UTF-8, protobuf and the tokenizer cannot
+
+
+@pytest.mark.parametrize("path, body, where", [
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "hi " + LONE}]}, "messages[0].content"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": LONE}]}]},
+     "messages[0].content[0].text"),
+    ("/v1/chat/completions", {**CHAT, "stop": LONE}, "stop"),
+    ("/v1/chat/completions", {**CHAT, "stop": ["ok", "\udfff"]}, "stop[1]"),
+    ("/v1/chat/completions", {**CHAT, "user": LONE}, "user"),
+    ("/v1/chat/completions", {**CHAT, "metadata": {LONE: 1}}, "a key of metadata"),
+    ("/v1/completions", {"model": "tiny-random", "prompt": "a" + LONE + "b"}, "prompt"),
+    ("/v1/chunks", {"text": "Article 1. " + LONE}, "text"),
+    ("/v1/documents/ask", {**ASK, "document": LONE}, "document"),
+    ("/v1/documents/ask", {**ASK, "question": LONE}, "question"),
+])
+def test_lone_surrogates_anywhere_in_a_body_get_400_naming_where(client, path, body, where):
+    encoded = json.dumps(body).encode()  # ASCII JSON with \ud800 escapes, as a hostile client sends it
+    response = client.post(path, content=encoded, headers={**AUTH, "Content-Type": "application/json"})
+    error = assert_openai_error(response, 400)
+    assert error["message"].startswith(f"{where} holds a lone surrogate"), error["message"]
+
+
+def test_paired_surrogates_are_text():
+    """An astral character arrives as a surrogate pair in JSON, and is one code point once decoded."""
+    assert lone_surrogate_at(json.loads('{"content": "\\ud83d\\ude00"}')) is None
+
+
+def test_a_top_p_below_float32_is_raised_to_the_smallest_the_engine_reads():
+    request = ChatCompletionRequest(**CHAT, top_p=1e-50)
+    assert request.top_p == FLOAT32_TINY
+    assert k25_pb2.SamplingParams(top_p=request.top_p).top_p > 0  # float32 on the wire: not 0, "off"
+    assert k25_pb2.SamplingParams(top_p=1e-50).top_p == 0  # what reached the engine before
+    assert ChatCompletionRequest(**CHAT, top_p=0.5).top_p == 0.5
 
 
 def test_unknown_model_is_404(client):

@@ -2,17 +2,23 @@
 trusts engines seen before a Redis outage (each for its own heartbeat TTL)."""
 
 import asyncio
+import logging
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 import redis
 
 from common.redis_keys import register_engine
+from common.rollout_keys import PROGRESSING, RolloutState, rollout_index_key, rollout_key, write_rollout
 from services.gateway import registry_view
 from services.gateway.registry_view import RegistryView
 from services.gateway.routing import PoolInfo
 from tests.helpers.redis_server import redis_client, redis_server  # noqa: F401  (fixtures)
 
+
+CANARY = RolloutState(stable_version="v1", stable_source="a/v1", stable_sha256="a" * 64, canary_version="v2",
+                      canary_source="a/v2", canary_sha256="b" * 64, canary_weight=20, phase=PROGRESSING)
 
 # entries live this long in Redis whatever they say, so that the test's own pace cannot expire them
 REDIS_TTL_S = 60
@@ -84,6 +90,38 @@ def test_pools_are_known_from_the_settings_and_from_every_engine_seen(redis_clie
     redis_client.flushall()  # every engine gone: the pools are still known, scaled to zero
     refresh_at(view, clock, 1002.0)
     assert view.engines == [] and set(view.pools) == {"short", "long", "extra"}
+
+
+def test_an_entry_with_absurd_values_is_ignored_and_logged_once(redis_client, clock, caplog):
+    """A fake engine claiming chunk_size 2**31 would make every gateway pad long prompts to 2**31 tokens."""
+    register_engine(redis_client, "rel", "honest", entry("p", 5.0), ttl_s=REDIS_TTL_S)
+    register_engine(redis_client, "rel", "fake", {**entry("p", 5.0), "chunk_size": 2**31}, ttl_s=REDIS_TTL_S)
+    view = RegistryView(redis_client, "rel")
+    with caplog.at_level(logging.WARNING, logger=registry_view.__name__):
+        assert refresh_at(view, clock, 1000.0) == {"honest"}
+        assert refresh_at(view, clock, 1001.0) == {"honest"}
+    [logged] = [r.getMessage() for r in caplog.records]
+    assert logged == "registry: ignoring engine fake: chunk_size 2147483648 is outside [1, 2097152]"
+    assert view.pools["p"].chunk_size == 16
+
+
+def test_a_malformed_rollout_index_member_costs_only_its_own_adapter(redis_client, clock, caplog):
+    """It used to freeze every adapter's canary weight on every gateway."""
+    write_rollout(redis_client, "rel", "legal", CANARY)
+    write_rollout(redis_client, "rel", "tax", CANARY)
+    view = RegistryView(redis_client, "rel")
+    refresh_at(view, clock, 1000.0)
+    assert set(view.rollouts) == {"legal", "tax"}
+    redis_client.hset(rollout_key("rel", "tax"), "canary_weight", "lots")  # tax's hash breaks
+    redis_client.sadd(rollout_index_key("rel"), "no such:name!", "ghost")  # a bad name; one without a hash
+    write_rollout(redis_client, "rel", "legal", replace(CANARY, canary_weight=50))
+    with caplog.at_level(logging.WARNING, logger=registry_view.__name__):
+        refresh_at(view, clock, 1001.0)
+    assert view.rollouts["legal"].canary_weight == 50  # the others move on
+    assert view.rollouts["tax"].canary_weight == 20  # its last good state
+    assert set(view.rollouts) == {"legal", "tax"}
+    logged = sorted(r.getMessage() for r in caplog.records)
+    assert len(logged) == 2 and "rollout no such:name!" in logged[0] and "rollout tax" in logged[1]
 
 
 def test_waiting_for_a_refresh_ends_with_the_next_one(redis_client):

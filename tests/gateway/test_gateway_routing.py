@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import pytest
 
+from common.redis_keys import ENTRY_LIMITS
 from services.gateway.routing import (
     EngineView,
     PoolInfo,
@@ -132,6 +133,31 @@ def test_a_complete_entry_is_read():
 ])
 def test_broken_registry_entries_are_ignored(change):
     assert EngineView.from_entry("e", {**GOOD_ENTRY, **change}) is None
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"chunk_size": 2**31}, "chunk_size 2147483648 is outside"),  # every gateway would pad a long prompt to 2**31
+    ({"max_model_len": 2**31}, "max_model_len"),
+    ({"heartbeat_ttl_s": 1e9}, "heartbeat_ttl_s"),  # kept for decades after a Redis outage
+    ({"free_kv_fraction": 7}, "free_kv_fraction 7.0 is outside [0, 1]"),  # would draw all traffic
+    ({"free_kv_fraction": float("inf")}, "free_kv_fraction"),
+    ({"max_waiting": 2**40}, "max_waiting"),
+    ({"running": -1}, "running"),
+    ({"capacity_tokens": 2**50}, "capacity_tokens"),
+    ({"prefix_caching": True, "block_size": 2**31}, "block_size"),
+    ({"adapters": [f"a@v{i}" for i in range(5000)]}, "5000 adapters"),
+    ({"address": "h" * 1000 + ":1"}, "longer than 256"),
+])
+def test_entries_claiming_values_beyond_their_bounds_are_ignored_with_the_reason(change, reason):
+    assert EngineView.from_entry("e", {**GOOD_ENTRY, **change}) is None
+    assert reason in EngineView.judge("e", {**GOOD_ENTRY, **change})
+
+
+def test_entries_at_their_bounds_are_read():
+    at_bounds = {"chunk_size": ENTRY_LIMITS["chunk_size"], "max_model_len": ENTRY_LIMITS["max_model_len"],
+                 "heartbeat_ttl_s": ENTRY_LIMITS["heartbeat_ttl_s"], "max_waiting": ENTRY_LIMITS["max_waiting"],
+                 "free_kv_fraction": 0.0, "adapters": [f"a@v{i}" for i in range(ENTRY_LIMITS["adapters"])]}
+    assert isinstance(EngineView.judge("e", {**GOOD_ENTRY, **at_bounds}), EngineView)
 
 
 @pytest.mark.parametrize("field", ["address", "chunk_size", "kv_admission_limit", "max_waiting", "heartbeat_ttl_s"])

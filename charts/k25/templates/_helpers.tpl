@@ -266,8 +266,21 @@ imagePullSecrets:
 {{- if and .Values.transport.curve.existingSecret (not .Values.transport.curve.enabled) -}}
 {{- fail "transport.curve.existingSecret names the CURVE key's Secret, but transport.curve.enabled is false; turn CURVE on or leave existingSecret empty" -}}
 {{- end -}}
+{{- include "k25.validateExposure" .Values.gateway -}}
 {{- if gt (int .Values.gateway.autoscaling.minReplicas) (int .Values.gateway.autoscaling.maxReplicas) -}}
 {{- fail (printf "gateway.autoscaling: minReplicas (%v) must not exceed maxReplicas (%v)" .Values.gateway.autoscaling.minReplicas .Values.gateway.autoscaling.maxReplicas) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A gateway reachable from outside the cluster asks for API keys, unless allowAnonymous says otherwise; (.Values.gateway) */}}
+{{- define "k25.validateExposure" -}}
+{{- $keys := or .apiKeys.existingSecret .apiKeys.entries -}}
+{{- $service := .service | default dict -}}
+{{- $public := list -}}
+{{- if .ingress.enabled -}}{{- $public = append $public "gateway.ingress.enabled is true" -}}{{- end -}}
+{{- if has $service.type (list "LoadBalancer" "NodePort") -}}{{- $public = append $public (printf "gateway.service.type is %s" $service.type) -}}{{- end -}}
+{{- if and $public (not $keys) (not .allowAnonymous) -}}
+{{- fail (printf "%s, which exposes the gateway outside the cluster, but it has no API keys: anyone who reaches it could use every model and adapter without limits. Add keys (gateway.apiKeys.entries, from `k25 api-key`, or gateway.apiKeys.existingSecret), or set gateway.allowAnonymous: true to serve it open on purpose" (join " and " $public)) -}}
 {{- end -}}
 {{- end -}}
 
