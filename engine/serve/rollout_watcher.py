@@ -26,7 +26,7 @@ from concurrent.futures import CancelledError
 
 import redis
 
-from common.rollout_keys import RolloutState, RolloutStateError, read_all_rollouts, read_rollout, rollout_channel
+from common.rollout_keys import RolloutState, RolloutStateError, read_each_rollout, read_rollout, rollout_channel
 from engine.base.errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -98,10 +98,14 @@ class RolloutWatcher:
         return loaded_all
 
     def sync_all(self) -> bool:
-        """Reconcile every adapter with its state; False if a version failed to load."""
-        states = read_all_rollouts(self.client, self.release)
-        results = [self.sync(adapter, states.get(adapter)) for adapter in sorted(set(states) | set(self._held()))]
-        return all(results)
+        """Reconcile every adapter with its state; False if a version failed to load. A malformed
+        member of the rollout index costs only its own adapter, which keeps what it holds."""
+        states, broken = read_each_rollout(self.client, self.release)
+        for member, why in broken.items():
+            log.error("rollout watcher: skipping adapter %r, its rollout state is unusable: %s", member, why)
+        held = set(self._held()) - set(broken)
+        results = [self.sync(adapter, states.get(adapter)) for adapter in sorted(set(states) | held)]
+        return all(results) and not broken
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -163,3 +163,19 @@ def test_a_load_that_failed_is_tried_again_without_a_new_announcement(watching, 
                    timeout_s=60, what="the failed load logged")
     shutil.copytree(root / "legal1", root / "not-there-yet")  # e.g. a volume that syncs late
     watching.wait_for_adapters("legal@later")
+
+
+def test_a_malformed_rollout_index_member_costs_only_its_own_adapter(watching, world, caplog):
+    """A member of {release}:rollout_adapters that breaks the contract (an unusable name, or a hash
+    without the fields) is logged and skipped when the watcher reconciles; every other adapter
+    still loads (before, the first one stopped every load)."""
+    _, root, prompt = world
+    watching.redis.sadd(f"{RELEASE}:rollout_adapters", "bad@name", "broken")
+    watching.redis.hset(rollout_key(RELEASE, "broken"), mapping={"stable": ""})
+    with caplog.at_level(logging.ERROR, logger="engine.serve.rollout_watcher"):
+        write_rollout(watching.redis, RELEASE, "legal", version_from(root, "legal1", "v1"))
+        watching.redis.client_kill_filter(_type="pubsub")  # the watcher subscribes again and reconciles every adapter
+        watching.wait_for_adapters("legal@v1")
+        wait_until(lambda: "bad@name" in caplog.text and "broken" in caplog.text, timeout_s=30,
+                   what="the malformed members logged")
+    assert served(watching.server, prompt, "v1") == "final"
