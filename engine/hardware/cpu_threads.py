@@ -4,8 +4,7 @@ torch starts one thread per core of the machine, whatever share of it the proces
 In a container limited to fewer CPUs (a pod's `resources.limits.cpu`: a CFS quota) or pinned
 to some (a cpuset), or beside other engines on one machine (`k25 up --engines 2`), that
 oversubscribes the CPUs: OpenMP threads wait at every barrier for peers that the kernel has
-descheduled, and a step slows several times (two engines on this project's 2-core machine,
-each with 2 threads, served 10-13 tokens/s of document QA; with 1 thread each, 17-20).
+descheduled, and a step slows several times (the benchmarks page of the docs has the figures).
 The default is the CPUs this process may use: its affinity set, capped by its cgroup's CPU
 quota (rounded down: threads beyond the quota are throttled, not run).
 
@@ -14,8 +13,8 @@ default for most of a 10 ms pause here (a matmul, then a 10 ms sleep: 7.9 ms of 
 The engine's main thread runs Python between steps (scheduling, sampling, sending), and all
 that while the other threads spin on cores that the gateway (`k25 up`) or the pod's CPU
 quota needed. The engine sets 10,000 turns (about 1 ms): enough to bridge the gaps between the ops of one step, so a
-step is not slower (SmolLM2, `k25 up`: 64 streams and 1 QPS the same as with the default),
-while a small model's steps no longer take the cores from the rest (README, Measured)."""
+step is not slower, while a small model's steps no longer take the cores from the rest (measured:
+the benchmarks page of the docs)."""
 
 import math
 import os
