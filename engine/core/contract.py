@@ -6,6 +6,7 @@ same server.
 The calls come from one thread, the one that steps the engine, except `read_adapter`, which
 any thread may call."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -49,7 +50,7 @@ class StepResult:
     outputs: list[RequestOutput]
     record: StepRecord | None = None
     forward_failed: bool | None = None
-    kv_events: tuple[list[int], list[int]] = ([], [])  # (block hashes stored, removed)
+    kv_events: tuple[Sequence[int], Sequence[int]] = ((), ())  # (block hashes stored, removed)
 
 
 class EngineBackend(Protocol):

@@ -178,6 +178,22 @@ def test_every_folder_of_the_engine_has_a_floor():
     assert folders <= set(ENGINE_FLOORS), f"engine folders without a floor: {sorted(folders - set(ENGINE_FLOORS))}"
 
 
+# what the process around an engine (engine/serve/) may import of the engine: the contract and
+# the messages it carries, never the engine's internals, so a second backend plugs in beneath it
+SERVE_MAY_IMPORT = ("engine.serve", "engine.core.contract", "engine.core.request", "engine.core.sampling_params",
+                    "engine.core.sequence", "engine.base", "engine.lora.adapter")
+
+
+def test_the_engines_server_talks_to_the_engine_core_contract_only():
+    wrong = [f"{name}:{line} imports {target}" for name, found in sorted(all_imports().items())
+             if name.startswith("engine.serve.") for line, target in found
+             if target.startswith("engine.") and not target.startswith(SERVE_MAY_IMPORT)]
+    assert not wrong, "engine/serve/ reaching past the engine-core contract:\n" + "\n".join(wrong)
+    reaching = [path.name for path in (REPO / "engine" / "serve").glob("*.py")
+                if any(word in path.read_text() for word in (".block_manager", ".scheduler", ".runner", ".executor"))]
+    assert not reaching, f"engine/serve/ reaching into the engine's internals: {reaching}"
+
+
 def test_the_engine_core_imports_no_torch():
     """The core (requests, scheduling, KV blocks, outputs) is plain Python; only the runner
     below it touches the device. Imported in a fresh interpreter, so nothing else loaded torch."""
