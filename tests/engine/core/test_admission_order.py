@@ -76,9 +76,10 @@ def test_only_the_window_is_reordered():
 
 
 @pytest.mark.parametrize("value, message", [
-    ("-1", "must be 0 or more seconds, got -1"),
-    ("nan", "must be 0 or more seconds, got nan"),
-    ("soon", "expected seconds, got 'soon'"),
+    ("-1", "must be at least 0, got -1.0"),
+    ("nan", "must be a number, got nan"),
+    ("inf", "must be a number, got inf"),
+    ("soon", "expected a number, got 'soon'"),
 ])
 def test_the_engine_refuses_an_overtake_limit_that_is_not_seconds(value, message, capsys):
     with pytest.raises(SystemExit):
