@@ -63,17 +63,15 @@ class EngineSetting:
 
     def parse_flag(self, text: str):
         """The flag's text as a value (argparse's `type`)."""
-        if self.kind == "integer":
-            try:
-                return self.check(int(text))
-            except ValueError as exc:
-                raise SettingError(str(exc) if isinstance(exc, SettingError) else f"expected an integer, got {text!r}") from None
-        if self.kind == "number":
-            try:
-                return self.check(float(text))
-            except ValueError as exc:
-                raise SettingError(str(exc) if isinstance(exc, SettingError) else f"expected a number, got {text!r}") from None
-        return self.check(text)
+        numbers = {"integer": (int, "an integer"), "number": (float, "a number")}
+        if self.kind not in numbers:
+            return self.check(text)
+        convert, expected = numbers[self.kind]
+        try:
+            value = convert(text)
+        except ValueError:
+            raise SettingError(f"expected {expected}, got {text!r}") from None
+        return self.check(value)
 
     def engine_args(self, value) -> list[str]:
         """The `k25 engine` arguments that set `value`."""
