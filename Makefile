@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast proto docs docs-reference clean
+.PHONY: run test test-fast proto docs docs-reference engine-settings clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -79,6 +79,12 @@ docs: $(STAMP)
 # the reference pages generated from the code (docs/reference/: CLI, chart values, CRDs,
 # metrics, error codes); tests/docs/ fails when the committed ones are out of date
 docs-reference: $(STAMP)
+	$(BIN)/python docs/gen_reference.py
+
+# after adding or changing an engine setting (common/engine_settings.py): the chart's parts that
+# name settings (CRD fields, values.schema.json, values.yaml, the template's list), then the reference
+engine-settings: $(STAMP)
+	$(BIN)/python charts/gen_engine_settings.py --write
 	$(BIN)/python docs/gen_reference.py
 
 clean:

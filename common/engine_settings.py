@@ -3,14 +3,15 @@ field (the same key in the chart's pools and `engine` defaults), type, default, 
 
 From this table come the flags of every command that runs an engine (k25/commands/
 engine_settings.py), the operator's reading of a pool's spec and the engine arguments it writes
-(operators/pool_spec.py, operators/deployment.py); a test holds the CRD, the chart's
-values.schema.json and values.yaml to it. Parsing only, no torch, so the operator and the
-gateway-free parts import it cheaply."""
+(operators/pool_spec.py, operators/deployment.py), and the chart's parts that name settings: the
+EnginePool CRD's fields, values.schema.json, values.yaml and the template's list (written by
+charts/gen_engine_settings.py, `make engine-settings`; a test fails when they are stale). Parsing
+only, no torch, so the operator and the gateway-free parts import it cheaply."""
 
 import math
 from dataclasses import dataclass
 
-from common.quant_spec import PRESETS, QuantSpecError, parse_quant_spec
+from common.quant_spec import PRESETS, QuantSpecError, parse_quant_spec, quant_spec_pattern
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -30,6 +31,7 @@ class EngineSetting:
     exclusive_minimum: bool = False  # the minimum itself is refused
     maximum: float | None = None
     choices: tuple[str, ...] = ()
+    pattern: str | None = None  # a string's schema pattern (the parser may refuse more)
     metavar: str | None = None
 
     @property
@@ -87,7 +89,7 @@ SETTINGS = (
              "projections run (AVX512-BF16, AMX or AVX2), else float32; float16 needs a GPU",
     ),
     EngineSetting(
-        "quant", "quant", "string", None, metavar="SPEC",
+        "quant", "quant", "string", None, pattern=quant_spec_pattern(), metavar="SPEC",
         help="weight width per layer type, e.g. embed=bf16,attn=int8,mlp=int4:g64,head=int8, or a preset "
              f"({', '.join(PRESETS)}); types not named stay bf16; needs dtype bfloat16 or auto; unset: unquantised",
     ),

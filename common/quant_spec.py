@@ -125,3 +125,12 @@ def parse_quant_spec(text: str) -> QuantSpec:
                                  "step, so its width saves memory, not time)")
         spec = replace(spec, **{layer_type: layer})
     return spec
+
+
+def quant_spec_pattern() -> str:
+    """A regular expression for the specs the parser can read (a schema's `pattern`): a preset or an
+    item first, then items. What it cannot see (a type set twice, embed=int4) only the parser refuses."""
+    groups = "|".join(map(str, INT4_GROUP_SIZES))
+    widths = "|".join(w + (f"(:g({groups}))?" if w == "int4" else "") for w in WIDTHS)
+    item = f"({'|'.join(LAYER_TYPES)})=({widths})"
+    return f"^({'|'.join(PRESETS)}|{item})(,{item})*$"

@@ -1,8 +1,8 @@
 """The engines' compute settings through the chart: engine.dtype, .maxNumBatchedTokens,
 .maxNumSeqs, .gpuMemoryUtilization and .overtakeLimitS and each pool's own keys become the
 EnginePools' spec fields (valid against the CRD), which the operator turns into `k25 engine`
-flags; left at auto / 0 (overtakeLimitS: null, as its 0 is first come, first served) they
-write nothing and the engine keeps its own defaults."""
+flags; left null they write nothing and the engine keeps its own defaults (a value such as
+overtakeLimitS 0, first come, first served, is a setting)."""
 
 import yaml
 
@@ -30,8 +30,7 @@ def engine_settings(objects) -> dict[str, tuple]:
 
 def test_by_default_no_pool_sets_them_and_the_engines_keep_their_own_defaults():
     values = yaml.safe_load((CHART / "values.yaml").read_text())["engine"]
-    assert {k: values[k] for k in FIELDS} == {"dtype": "auto", "maxNumBatchedTokens": 0, "maxNumSeqs": 0,
-                                              "gpuMemoryUtilization": 0}
+    assert {k: values[k] for k in FIELDS} == dict.fromkeys(FIELDS)
     objects = rendered(None)
     assert compute_of_pools(objects) == {"a100-40g": {}, "a100-80g": {}, "h100-80g": {}}
     engine = build_parser().parse_args(["engine"])

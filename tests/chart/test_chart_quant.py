@@ -104,7 +104,7 @@ def engine_quant(objects) -> dict:
 
 
 def test_by_default_the_chart_sets_no_quant():
-    assert yaml.safe_load((K8S.parent / "charts" / "k25" / "values.yaml").read_text())["engine"]["quant"] == ""
+    assert yaml.safe_load((K8S.parent / "charts" / "k25" / "values.yaml").read_text())["engine"]["quant"] is None
     objects = rendered(None)
     assert set(pool_quant(objects).values()) == {None} and set(engine_quant(objects).values()) == {None}
 

@@ -1,9 +1,11 @@
 """The engine's compute settings are declared once (common/engine_settings.py): the `k25 engine`
 flags, the engine's config, the operator's reading of a pool and the arguments it writes come
-from that table, and the CRD, the chart's schema, its values and its template are held to it
-here, so a setting added in one place and not the others fails."""
+from that table, and the CRD, the chart's schema, its values and its template are written from it
+(charts/gen_engine_settings.py): here they are held to it, so a setting added to the table and
+not regenerated fails, and what the generator writes says what the table says."""
 
 import dataclasses
+import importlib.util
 import json
 import re
 
@@ -58,11 +60,22 @@ def test_the_chart_takes_each_setting_per_pool_and_as_every_pools_default(settin
     pool = POOL_SCHEMA.get(setting.field)
     assert pool is not None, f"values.schema.json: a pool has no {setting.field}"
     assert pool["type"] == setting.kind and schema_bounds(pool) == setting_bounds(setting)
-    assert setting.field in ENGINE_SCHEMA, f"values.schema.json: engine has no {setting.field} (every pool's default)"
-    assert setting.field in ENGINE_VALUES, f"values.yaml: engine has no {setting.field}"
-    template = (CHART / "templates" / "_helpers.tpl").read_text()
-    [keys] = re.findall(r'range \$key := list ((?:"\w+" ?)+)', template)
-    assert f'"{setting.field}"' in keys.split(), "k25.poolCompute does not carry it from engine to the pools"
+    engine = ENGINE_SCHEMA.get(setting.field)
+    assert engine is not None, f"values.schema.json: engine has no {setting.field} (every pool's default)"
+    assert engine["type"] == [setting.kind, "null"] and {**schema_bounds(engine), "enum": ()} == {
+        **setting_bounds(setting), "enum": ()} and set(engine.get("enum", [None])) == {*setting.choices, None}
+    assert ENGINE_VALUES.get(setting.field, "absent") is None, f"values.yaml: engine.{setting.field} is not null"
+    template = (CHART / "templates" / "_engine_settings.tpl").read_text()
+    [fields] = re.findall(r'define "k25.engineSettingFields" -}}([\w ]+){{-', template)
+    assert setting.field in fields.split(), "k25.poolCompute does not carry it from engine to the pools"
+
+
+def test_the_chart_files_are_as_the_table_writes_them():
+    spec = importlib.util.spec_from_file_location("gen_engine_settings", REPO / "charts" / "gen_engine_settings.py")
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    stale = [str(path.relative_to(REPO)) for path, text in generator.rendered().items() if path.read_text() != text]
+    assert not stale, f"{', '.join(stale)}: stale against common/engine_settings.py; run `make engine-settings`"
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=ids)

@@ -164,26 +164,16 @@ sprig's merge, which takes a pool's maxLoras 0 or claimName "" for unset); (dict
 {{- toYaml $lora -}}
 {{- end -}}
 
-{{/* A pool's compute settings as YAML: each one the pool sets, else engine's unless that is
-auto, 0 or "" (the engine's default for its device), else none; a switch (prefixCaching,
-cudaGraphs) only when engine's turns it off. overtakeLimitS 0 is a setting (first come, first
-served): engine's is left out only when null or absent (Helm 3 drops a key set to null, Helm 4
-keeps it as nil). The keys are common/engine_settings.py's fields (a test holds them to it).
-(dict "root" $ "pool" $pool) */}}
+{{/* A pool's engine settings as YAML: each one the pool sets, else engine's where that is not
+null (Helm 3 drops a key set to null, Helm 4 keeps it as nil), else none: the engine's default.
+The keys are common/engine_settings.py's fields (_engine_settings.tpl). (dict "root" $ "pool" $pool) */}}
 {{- define "k25.poolCompute" -}}
 {{- $compute := dict -}}
-{{- range $key := list "dtype" "quant" "maxNumBatchedTokens" "maxNumSeqs" "gpuMemoryUtilization" "overtakeLimitS" "prefixCaching" "cudaGraphs" -}}
-{{- $default := get $.root.Values.engine $key -}}
-{{- if hasKey $.pool $key -}}
-{{- $_ := set $compute $key (get $.pool $key) -}}
-{{- else if eq $key "overtakeLimitS" -}}
-{{- if and (hasKey $.root.Values.engine $key) (not (kindIs "invalid" $default)) -}}
-{{- $_ := set $compute $key $default -}}
+{{- range $key := splitList " " (include "k25.engineSettingFields" $.root) -}}
+{{- range $source := list $.pool $.root.Values.engine -}}
+{{- if and (not (hasKey $compute $key)) (hasKey $source $key) (not (kindIs "invalid" (get $source $key))) -}}
+{{- $_ := set $compute $key (get $source $key) -}}
 {{- end -}}
-{{- else if kindIs "bool" $default -}}
-{{- if not $default -}}{{- $_ := set $compute $key $default -}}{{- end -}}
-{{- else if and $default (ne (toString $default) "auto") -}}
-{{- $_ := set $compute $key $default -}}
 {{- end -}}
 {{- end -}}
 {{- toYaml $compute -}}
