@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from common.engine_settings import engine_args as settings_args
 from common.zmq_curve import ENV as CURVE_ENV
 from operators.config import CURVE_SECRET_KEY_KEY, REDIS_URL_KEY, OperatorConfig
+from operators.engine_pod import container_resources, spread_over_nodes
 from operators.pool_spec import MODELS_MOUNT, SCRATCH_MOUNT, EnginePoolSpec
 
 POOL_LABEL = "k25.io/pool"
@@ -147,14 +148,13 @@ def build_deployment(pool: dict, spec: EnginePoolSpec, replicas: int, config: Op
     name, release = pool["metadata"]["name"], config.release
     labels = pod_labels(name, release)
     volumes, mounts = volumes_and_mounts(spec, release)
-    resources = {"limits": {"nvidia.com/gpu": str(spec.gpus_per_replica)}} if spec.gpus_per_replica else {}
     container = {
         "name": "engine",
         "image": spec.image,
         "args": engine_args(spec, name, release),
         "env": engine_env(config, operator_env),
         "ports": [{"name": "zmq", "containerPort": ZMQ_PORT}, {"name": "metrics", "containerPort": METRICS_PORT}],
-        "resources": resources,
+        "resources": container_resources(spec.resources, spec.gpus_per_replica),
         "startupProbe": STARTUP_PROBE,
         "livenessProbe": LIVENESS_PROBE,
         "readinessProbe": READINESS_PROBE,
@@ -180,6 +180,8 @@ def build_deployment(pool: dict, spec: EnginePoolSpec, replicas: int, config: Op
                     "tolerations": [dict(t) for t in spec.tolerations],
                     "automountServiceAccountToken": False,  # engines never call the Kubernetes API
                     "terminationGracePeriodSeconds": termination_grace_s(spec),
+                    "topologySpreadConstraints": spread_over_nodes({POOL_LABEL: name}),
+                    **({"priorityClassName": spec.priority_class_name} if spec.priority_class_name else {}),
                     "securityContext": POD_SECURITY_CONTEXT,
                     "containers": [container],
                     "volumes": volumes,

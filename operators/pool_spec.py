@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from common.engine_settings import SettingError, read_spec
 from common.quant_spec import parse_quant_spec
 from operators.autoscale_policy import ScalingRules
+from operators.engine_pod import DEFAULT_RESOURCES, parse_resources
 from operators.predictive_policy import PredictiveRules
 
 # KV chunks per GPU by node type (DESIGN.md, Capacity); None: the engine takes as many as fit
@@ -29,6 +30,9 @@ CLAIM_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-
 MODEL_FILE = re.compile(r"[^/=][^=]*")
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 MAX_DRAIN_TIMEOUT_S = 3600
+# the gateway's default request deadline (k25 gateway --request-timeout-s): a pod that stops lets
+# every request it runs reach it, so a scale-down or a rollout cuts no answer
+DEFAULT_DRAIN_TIMEOUT_S = 600
 
 
 class PoolSpecError(ValueError):
@@ -71,7 +75,9 @@ class EnginePoolSpec:
     # are the engine's defaults
     engine_settings: dict[str, object] = field(default_factory=dict)
     expected_chunks_per_request: int | None = None  # with max_chunk_per_gpu auto; None: the engine's default
-    drain_timeout_s: int = 25  # on SIGTERM, running requests get this long to finish
+    drain_timeout_s: int = DEFAULT_DRAIN_TIMEOUT_S  # on SIGTERM, running requests get this long to finish
+    resources: dict[str, dict[str, str]] = field(default_factory=lambda: DEFAULT_RESOURCES)  # CPU and memory
+    priority_class_name: str | None = None
     model_sha256: dict[str, str] = field(default_factory=dict)  # file -> the sha256 the engine checks
 
     def scaling_rules(self) -> ScalingRules:
@@ -120,7 +126,9 @@ def parse_pool_spec(spec: dict) -> EnginePoolSpec:
         pod_annotations=_string_map(spec, "podAnnotations"),
         lora=None if spec.get("lora") is None else _lora(spec["lora"]),
         engine_settings=_engine_settings(spec),
-        drain_timeout_s=_integer(spec, "drainTimeoutSeconds", 25, least=0, most=MAX_DRAIN_TIMEOUT_S),
+        drain_timeout_s=_integer(spec, "drainTimeoutSeconds", DEFAULT_DRAIN_TIMEOUT_S, least=0, most=MAX_DRAIN_TIMEOUT_S),
+        resources=_resources(spec.get("resources")),
+        priority_class_name=spec.get("priorityClassName") or None,
         model_sha256=_model_sha256(spec.get("modelSha256") or {}),
     )
     if parsed.min_replicas > parsed.max_replicas:
@@ -159,6 +167,13 @@ def _engine_settings(spec: dict) -> dict[str, object]:
         return read_spec(spec)
     except SettingError as exc:
         raise PoolSpecError(str(exc)) from None
+
+
+def _resources(value) -> dict[str, dict[str, str]]:
+    try:
+        return parse_resources(value)
+    except ValueError as exc:
+        raise PoolSpecError(f"spec.resources {exc}") from None
 
 
 def _lora(lora) -> LoraSpec:

@@ -21,6 +21,10 @@ def register(subparsers) -> None:
                         "without one no key is asked for")
     p.add_argument("--chunker-address", default=None, help="host:port of the chunker service")
     p.add_argument("--request-timeout-s", type=float, default=600.0, help="deadline of each request (default 600)")
+    p.add_argument("--drain-timeout-s", type=float, default=None, metavar="SECONDS",
+                   help="on SIGTERM the gateway stops accepting connections (its readiness fails) and lets the "
+                   "requests in flight finish for this long, then cuts them (default: --request-timeout-s, so that "
+                   "no request it admitted is cut)")
     p.add_argument("--max-tokens-limit", type=int, default=8192, help="largest max_tokens accepted (default 8192)")
     p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024, help="largest request body (default 8 MiB)")
     p.add_argument("--body-timeout-s", type=float, default=30.0,
@@ -84,7 +88,8 @@ def run(args) -> int:
         pools=tuple(args.pools), engine_wait_s=args.engine_wait_s, engine_error_window_s=args.engine_error_window_s,
         curve_secret_key=curve_secret_key,
     )
-    problem = _bad_flags(settings)
+    drain_timeout_s = settings.request_timeout_s if args.drain_timeout_s is None else args.drain_timeout_s
+    problem = _bad_flags(settings) or ("--drain-timeout-s must be at least 0" if drain_timeout_s < 0 else None)
     if problem:
         print(f"k25 gateway: {problem}", file=sys.stderr)
         return 2
@@ -98,7 +103,8 @@ def run(args) -> int:
     app = create_app(Gateway(settings, tokenizer, client), api_keys)
     tracing = setup_tracing("k25-gateway")
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                    timeout_graceful_shutdown=drain_timeout_s)
     finally:
         if tracing is not None:
             tracing.shutdown()

@@ -105,6 +105,6 @@ def test_a_pools_drain_timeout_and_model_digests_reach_its_engine_pods(tmp_path)
 
 
 @pytest.mark.parametrize("values", [None, LORA_VALUES], ids=["default", "lora"])
-def test_by_default_engines_drain_for_25_seconds_within_a_40_second_grace_period(values):
+def test_by_default_engines_drain_for_the_gateways_600_second_deadline_within_a_615_second_grace_period(values):
     for deployment in engine_deployments(rendered(values)):
-        assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 40
+        assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 615

@@ -72,7 +72,7 @@ def test_the_components_run_the_agreed_command_lines():
         "--model", "/models/SmolLM2-135M-Instruct.Q4_1.gguf", "--served-model-name", "SmolLM2-135M-Instruct.Q4_1",
         "--chunker-address", "k25-chunker:5600", "--prefix-index-max-blocks", "262144",
         "--max-document-passages", "256", "--body-timeout-s", "30", "--max-body-bytes-in-flight", "536870912",
-        "--pool", "a100-40g=2048", "--pool", "a100-80g=4096", "--pool", "h100-80g=8192"]
+        "--request-timeout-s", "600", "--pool", "a100-40g=2048", "--pool", "a100-80g=4096", "--pool", "h100-80g=8192"]
     assert container(objects, "Deployment", "k25-chunker")["args"] == [
         "k25", "chunker", "--zmq-port", "5600", "--metrics-port", "9600", "--model", "/models/SmolLM2-135M-Instruct.Q4_1.gguf"]
     assert container(objects, "Deployment", "k25-operator")["args"] == [
@@ -242,7 +242,7 @@ def test_the_cpu_dev_values_ask_for_no_gpu_and_no_volume():
     objects = rendered(ci("cpu-dev"))
     [engine] = engine_deployments(objects)
     pod = engine["spec"]["template"]["spec"]
-    assert pod["containers"][0]["resources"] == {} and pod["tolerations"] == []
+    assert "nvidia.com/gpu" not in pod["containers"][0]["resources"].get("limits", {}) and pod["tolerations"] == []
     args = pod["containers"][0]["args"]
     assert args[args.index("--device") + 1] == "cpu"
     assert pod["containers"][0]["image"] == "k25-engine-cpu:0.1.0"  # the CPU engine image

@@ -148,10 +148,11 @@ def test_cuda_graphs_default_to_on_and_a_pool_may_turn_them_off():
     assert api_server_accepts({**VALID, "cudaGraphs": "off"}) != []
 
 
-def test_drain_timeout_defaults_to_25_seconds_and_model_digests_are_optional():
+def test_drain_timeout_defaults_to_the_gateways_request_deadline_and_model_digests_are_optional():
     spec = with_defaults(SPEC_SCHEMA, VALID)
-    assert spec["drainTimeoutSeconds"] == 25 and "modelSha256" not in spec
-    assert parse_pool_spec(spec).drain_timeout_s == build_parser().parse_args(["engine"]).drain_timeout_s
+    deadline = build_parser().parse_args(["gateway"]).request_timeout_s
+    assert spec["drainTimeoutSeconds"] == deadline and "modelSha256" not in spec
+    assert parse_pool_spec(VALID).drain_timeout_s == parse_pool_spec(spec).drain_timeout_s == deadline
     digests = {"model-00001-of-00002.safetensors": "0" * 64, "sub/config.json": "f" * 64}
     assert api_server_accepts({**VALID, "drainTimeoutSeconds": 0, "modelSha256": digests}) == []
     assert parse_pool_spec({**VALID, "modelSha256": digests}).model_sha256 == digests

@@ -56,11 +56,11 @@ def test_the_engine_gets_chunk_size_max_chunk_node_type_pool_release_and_listens
                                  "--max-chunk-per-gpu", "4", "--node-type", "A100-80G", "--pool", "long",
                                  "--zmq-port", "5555", "--metrics-port", "9100", "--release", "prod",
                                  "--bind-address", "$(POD_IP)", "--advertise-host", "$(POD_IP)", "--device", "cuda",
-                                 "--drain-timeout-s", "25"]
+                                 "--drain-timeout-s", "600"]
     assert {"name": "K25_RELEASE", "value": "prod"} in container["env"]
     # the kubelet expands $(POD_IP) only from a variable defined in the container's env
     assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in container["env"]
-    assert container["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
+    assert container["resources"] == {"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"nvidia.com/gpu": "1"}}
 
 
 def test_the_redis_url_and_its_password_come_from_the_releases_secret_never_in_the_pod_spec():
@@ -82,7 +82,7 @@ def test_the_curve_key_comes_from_the_releases_transport_secret_and_without_one_
 
 
 def test_the_grace_period_is_the_drain_timeout_plus_a_margin_and_there_is_no_pre_stop_hook():
-    for drain, grace in ((None, 40), (0, 15), (120, 135)):
+    for drain, grace in ((None, 615), (0, 15), (120, 135)):  # by default the gateway's request deadline
         spec = {} if drain is None else {"drainTimeoutSeconds": drain}
         pod = manifest(**spec)["spec"]["template"]["spec"]
         assert pod["terminationGracePeriodSeconds"] == grace
@@ -134,7 +134,7 @@ def test_max_chunk_auto_and_the_expected_chunks_reach_the_engine_as_the_cli_read
 
 def test_a_cpu_pool_asks_for_no_gpu_tolerates_no_gpu_taint_and_runs_on_the_cpu():
     pod = manifest(nodeType="CPU", maxChunkPerGpu=1)["spec"]["template"]["spec"]
-    assert pod["containers"][0]["resources"] == {}
+    assert pod["containers"][0]["resources"] == {"requests": {"cpu": "1", "memory": "4Gi"}}  # never BestEffort
     assert pod["tolerations"] == []
     args = pod["containers"][0]["args"]
     assert args[args.index("--device") + 1] == "cpu"

@@ -115,7 +115,7 @@ async def test_a_pool_gets_an_engine_deployment_for_its_gpu_nodes(cluster, opera
                               "--max-chunk-per-gpu", "8", "--node-type", "H100-80G", "--pool", "h100",
                               "--zmq-port", "5555", "--metrics-port", "9100", "--release", "test",
                               "--bind-address", "$(POD_IP)", "--advertise-host", "$(POD_IP)", "--device", "cuda",
-                              "--drain-timeout-s", "25"]
+                              "--drain-timeout-s", "600"]
     # the operator names no Secret here, and its URL carries no password: the engines get it as it is
     assert {"name": "K25_REDIS_URL", "value": operator.redis_url} in engine["env"]
 

@@ -1,7 +1,7 @@
 import pytest
 
-from k25.cli import build_parser
 from common.engine_settings import DTYPES
+from k25.cli import build_parser
 from operators.pool_spec import GPU_TAINT_TOLERATION, LoraSpec, PoolSpecError, parse_pool_spec
 
 MINIMAL = {"nodeType": "A100-40G", "model": "m", "chunkSize": 1024}
@@ -198,9 +198,10 @@ def test_float16_needs_a_gpu():
     assert on_a_gpu.engine_settings["dtype"] == "float16"
 
 
-def test_engines_drain_for_25_seconds_and_check_no_digest_unless_the_pool_says():
+def test_engines_drain_for_the_gateways_request_deadline_and_check_no_digest_unless_the_pool_says():
     spec = parse_pool_spec(MINIMAL)
-    assert (spec.drain_timeout_s, spec.model_sha256) == (25, {})
+    gateway = build_parser().parse_args(["gateway"])
+    assert (spec.drain_timeout_s, spec.model_sha256) == (gateway.request_timeout_s, {})
     digests = {"model.safetensors": "0" * 64, "sub/tokenizer.json": "f" * 64}
     chosen = parse_pool_spec({**MINIMAL, "drainTimeoutSeconds": 0, "modelSha256": digests})
     assert (chosen.drain_timeout_s, chosen.model_sha256) == (0, digests)

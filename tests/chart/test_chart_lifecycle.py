@@ -1,0 +1,69 @@
+"""How the chart's pods stop and what they ask of their nodes: a gateway serves on while its
+endpoints are withdrawn (preStop), then lets requests in flight run to their deadline (its grace
+period covers both); every pool's engines drain for that same deadline unless the pool says
+otherwise, ask for CPU and memory, and take a priority class when one is named; each EnginePool
+valid against the CRD and read by the operator as the chart meant."""
+
+import yaml
+
+from k25.cli import build_parser
+from operators.pool_spec import parse_pool_spec
+from tests.helpers.crd_schema import crd_for, custom_resource_errors
+from tests.helpers.helm_chart import of_kind, render_error, rendered, rendered_with
+
+CPU_POOL = {"name": "cpu", "nodeType": "CPU", "chunkSize": 256, "maxChunkPerGpu": 4, "gpusPerReplica": 0}
+
+
+def gateway_pod(objects) -> dict:
+    deployment = next(d for d in of_kind(objects, "Deployment") if d["metadata"]["name"].endswith("-gateway"))
+    return deployment["spec"]["template"]["spec"]
+
+
+def pools(objects) -> dict[str, dict]:
+    crds = of_kind(objects, "CustomResourceDefinition")
+    found = {}
+    for pool in of_kind(objects, "EnginePool"):
+        assert custom_resource_errors(pool, crd_for(pool, crds)) == []
+        found[pool["metadata"]["name"]] = pool["spec"]
+    return found
+
+
+def test_a_gateway_drains_for_its_request_deadline_after_its_pre_stop_sleep():
+    pod = gateway_pod(rendered(None))
+    container = pod["containers"][0]
+    args = build_parser().parse_args(container["args"][1:])
+    assert container["lifecycle"]["preStop"] == {"sleep": {"seconds": 5}}
+    assert (args.request_timeout_s, args.drain_timeout_s) == (600, None)  # None: the drain is the deadline
+    assert pod["terminationGracePeriodSeconds"] == 5 + 600 + 5
+
+
+def test_the_request_deadline_sets_the_gateways_and_every_pools_drain(tmp_path):
+    objects = rendered_with(yaml.safe_dump({
+        "gateway": {"requestTimeoutS": 120, "preStopSleepS": 10},
+        "engine": {"pools": [CPU_POOL, {**CPU_POOL, "name": "short", "drainTimeoutSeconds": 30}]}}), tmp_path)
+    pod = gateway_pod(objects)
+    assert build_parser().parse_args(pod["containers"][0]["args"][1:]).request_timeout_s == 120
+    assert pod["terminationGracePeriodSeconds"] == 135
+    assert {name: parse_pool_spec(spec).drain_timeout_s for name, spec in pools(objects).items()} == {
+        "cpu": 120, "short": 30}
+
+
+def test_engines_ask_for_cpu_and_memory_and_take_the_priority_class_named(tmp_path):
+    by_default = {name: parse_pool_spec(spec) for name, spec in pools(rendered(None)).items()}
+    assert all(spec.resources == {"requests": {"cpu": "1", "memory": "4Gi"}} and spec.priority_class_name is None
+               for spec in by_default.values())
+    own = {"requests": {"cpu": 8, "memory": "48Gi"}, "limits": {"memory": "64Gi"}}
+    objects = rendered_with(yaml.safe_dump({"engine": {
+        "resources": {"requests": {"cpu": "2", "memory": "8Gi"}}, "priorityClassName": "inference",
+        "pools": [CPU_POOL, {**CPU_POOL, "name": "big", "resources": own, "priorityClassName": "batch"}]}}), tmp_path)
+    parsed = {name: parse_pool_spec(spec) for name, spec in pools(objects).items()}
+    assert (parsed["cpu"].resources, parsed["cpu"].priority_class_name) == (
+        {"requests": {"cpu": "2", "memory": "8Gi"}}, "inference")
+    assert (parsed["big"].resources, parsed["big"].priority_class_name) == (
+        {"requests": {"cpu": "8", "memory": "48Gi"}, "limits": {"memory": "64Gi"}}, "batch")
+
+
+def test_gpus_in_an_engines_resources_are_refused_by_the_chart(tmp_path):
+    message = render_error(yaml.safe_dump({"engine": {"pools": [{**CPU_POOL, "resources": {
+        "limits": {"nvidia.com/gpu": 1}}}]}}), tmp_path)
+    assert "/engine/pools/0/resources/limits" in message
