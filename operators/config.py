@@ -28,6 +28,8 @@ class OperatorConfig:
     interval_s: float = 5.0  # between autoscaling decisions
     qps_window_s: int = 10  # QPS is the mean over this many complete seconds
     foreign_recheck_s: float = 30.0  # how often to look whether a foreign Deployment has gone
+    # repositories (or `prefix/*`) whose images EnginePools may run (operators/image_policy.py); (): any
+    allowed_images: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.redis_secret is None and urllib.parse.urlsplit(self.redis_url).password:

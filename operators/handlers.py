@@ -28,6 +28,7 @@ from operators.autoscale_policy import PoolObservation, decide
 from operators.config import RELEASE_LABEL, OperatorConfig
 from operators.deployment import build_deployment, deployment_name, owned_by, pod_selector
 from operators.pool_signals import engine_signals, pod_signals, qps_series
+from operators.image_policy import image_refusal
 from operators.pool_spec import PoolSpecError, parse_pool_spec
 from operators.pool_status import build_status, foreign_deployment_status, pool_pods
 from operators.predictive_policy import decide_predictive
@@ -42,7 +43,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     @kopf.on.resume(*ENGINE_POOLS, **on)
     @kopf.on.update(*ENGINE_POOLS, field="spec", **on)
     def reconcile_deployment(body, spec, name, namespace, uid, status, memo, patch, logger, **_):
-        pool_spec = _parse_or_report(spec, status, patch)
+        pool_spec = _parse_or_report(spec, status, patch, config)
         existing = memo.kube.get_deployment(namespace, deployment_name(name))
         if existing is None:
             manifest = build_deployment(body, pool_spec, pool_spec.initial_replicas(), config)
@@ -66,7 +67,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     def scale_by_hand(new, spec, name, namespace, uid, status, memo, patch, logger, **_):
         if new is None:
             return
-        pool_spec = _parse_or_report(spec, status, patch)
+        pool_spec = _parse_or_report(spec, status, patch, config)
         existing = memo.kube.get_deployment(namespace, deployment_name(name))
         if existing is not None and not owned_by(existing, uid):
             logger.warning(f"not scaled: Deployment {deployment_name(name)} is not owned by this pool")
@@ -89,7 +90,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     @kopf.timer(*ENGINE_POOLS, interval=config.interval_s, **on)
     def autoscale(spec, name, namespace, uid, status, memo, patch, logger, **_):
         try:
-            pool_spec = parse_pool_spec(spec)
+            pool_spec = _parse(spec, config)
         except PoolSpecError:
             return  # reconcile_deployment has said why in the conditions
         deployment = memo.kube.get_deployment(namespace, deployment_name(name))
@@ -122,9 +123,17 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
                                          status.get("conditions", []), _now_iso()))
 
 
-def _parse_or_report(spec, status, patch):
+def _parse(spec, config: OperatorConfig):
+    pool_spec = parse_pool_spec(spec)
+    refusal = image_refusal(pool_spec.image, config.allowed_images)
+    if refusal is not None:
+        raise PoolSpecError(refusal)
+    return pool_spec
+
+
+def _parse_or_report(spec, status, patch, config: OperatorConfig):
     try:
-        return parse_pool_spec(spec)
+        return _parse(spec, config)
     except PoolSpecError as error:
         patch.status["conditions"] = [{"type": "Ready", "status": "False", "reason": "InvalidSpec",
                                        "message": str(error), "lastTransitionTime": _now_iso()}]

@@ -22,6 +22,10 @@ def register(subparsers) -> None:
                         help="the Secret, in each pool's namespace, whose key curve-secret-key the engines read as "
                              "K25_CURVE_SECRET_KEY: they then admit only gateways that hold that CURVE key (default: "
                              "$K25_CURVE_SECRET); without one the engines run plain ZMQ and admit any peer")
+    parser.add_argument("--allowed-image", dest="allowed_images", action="append", default=[], metavar="REPOSITORY",
+                        help="an image repository EnginePools may run (any tag or digest of it), or a prefix ending "
+                             "in /* (every repository under it); repeatable. A pool naming another image is refused "
+                             "(its engines would get the release's Redis and CURVE secrets). Default: any image")
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between autoscaling decisions")
     parser.add_argument("--priority", type=int, default=None,
                         help="peering priority; the highest live operator of the release works, the others stand by "
@@ -40,7 +44,8 @@ def run(args) -> int:
         raise SystemExit("k25 operator: --interval must be positive")
     try:
         config = OperatorConfig(release=args.release, redis_url=args.redis_url, redis_secret=args.redis_secret,
-                                curve_secret=args.curve_secret, interval_s=args.interval)
+                                curve_secret=args.curve_secret, interval_s=args.interval,
+                                allowed_images=tuple(args.allowed_images))
     except ValueError as error:
         raise SystemExit(f"k25 operator: {error}") from error
     run_operator(config, namespaces=args.namespace, priority=args.priority, standalone=args.standalone)

@@ -9,6 +9,7 @@ import yaml
 
 from k25.cli import build_parser
 from operators.config import RELEASE_LABEL
+from operators.image_policy import image_refusal
 from operators.runtime import peering_name
 from tests.helpers.helm_chart import (
     CHART,
@@ -108,3 +109,18 @@ def test_a_pools_drain_timeout_and_model_digests_reach_its_engine_pods(tmp_path)
 def test_by_default_engines_drain_for_the_gateways_600_second_deadline_within_a_615_second_grace_period(values):
     for deployment in engine_deployments(rendered(values)):
         assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 615
+
+
+def test_the_operator_runs_only_the_charts_engine_images_and_those_allowed(tmp_path):
+    """Every pool the chart makes passes the operator's image check; another image would not."""
+    values = ("engineImage:\n  repository: registry.example/k25-engine\n  tag: '1.0'\n"
+              "operator:\n  allowedImages: ['registry.example/team/*']\n"
+              "engine:\n  pools:\n"
+              "    - {name: cpu, nodeType: CPU, chunkSize: 256}\n"
+              "    - {name: own, nodeType: CPU, chunkSize: 256, image: 'mirror:5000/k25/engine-cpu:2@sha256:"
+              + "0" * 64 + "'}\n")
+    objects = rendered_with(values, tmp_path)
+    allowed = tuple(build_parser().parse_args(operator_args(objects)[1:]).allowed_images)
+    assert allowed == ("registry.example/k25-engine", "mirror:5000/k25/engine-cpu", "registry.example/team/*")
+    assert [image_refusal(p["spec"]["image"], allowed) for p in of_kind(objects, "EnginePool")] == [None, None]
+    assert image_refusal("attacker.example/k25-engine:1.0", allowed) is not None

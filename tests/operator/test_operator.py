@@ -337,3 +337,17 @@ async def test_two_operator_replicas_never_fight(cluster, redis_server):
         set_qps(redis_server, config, "h100", 400)
         await wait_for(lambda: replicas(cluster, "h100") == 5, "the pool is served and scaled")
         assert len(high.writes) >= 2 and low.writes == []
+
+
+async def test_a_pool_naming_an_image_outside_the_allowed_repositories_gets_no_deployment(cluster, redis_server):
+    config = operator_config(redis_server, allowed_images=("registry.example/k25-engine", "registry.example/team/*"))
+    async with running_operator(cluster, config):
+        await create_pool(cluster, "ours", {**H100, "image": "registry.example/k25-engine:1.2"})
+        await create_pool(cluster, "team", {**H100, "image": "registry.example/team/engine@sha256:" + "0" * 64})
+        await create_pool(cluster, "theirs", {**H100, "image": "attacker.example/k25-engine:1.2"})
+        ready = await wait_for(lambda: condition(cluster, "theirs", "Ready").get("reason") == "InvalidSpec"
+                               and condition(cluster, "theirs", "Ready"), "the refusal is reported")
+        await wait_for(lambda: stored(cluster, DEPLOYMENTS, "ours-engine") and stored(cluster, DEPLOYMENTS, "team-engine"),
+                       "the allowed pools get their Deployments")
+    assert "'attacker.example/k25-engine:1.2' is not from an allowed repository" in ready["message"]
+    assert stored(cluster, DEPLOYMENTS, "theirs-engine") is None

@@ -44,6 +44,18 @@ image.tag, else the appVersion. */}}
 {{- printf "%s:%s" .Values.engineImage.repository (.Values.engineImage.tag | default .Chart.AppVersion) -}}
 {{- end -}}
 
+{{/* The repositories EnginePools may run, space-separated: the engine image's, every pool's own
+image's (tag and digest cut off, as operators/image_policy.py reads them) and operator.allowedImages. */}}
+{{- define "k25.allowedEngineImages" -}}
+{{- $images := list (include "k25.engineImage" .) -}}
+{{- range .Values.engine.pools -}}{{- if .image -}}{{- $images = append $images .image -}}{{- end -}}{{- end -}}
+{{- $repositories := list -}}
+{{- range $images -}}
+{{- $repositories = append $repositories (regexReplaceAll "(:[^/:]*)?(@.*)?$" . "") -}}
+{{- end -}}
+{{- join " " (concat $repositories .Values.operator.allowedImages) -}}
+{{- end -}}
+
 {{/* "true" when the chart runs Redis itself: no Redis of your own is named */}}
 {{- define "k25.bundledRedis" -}}
 {{- if not (or .Values.redis.external.url .Values.redis.external.existingSecret) -}}true{{- end -}}
