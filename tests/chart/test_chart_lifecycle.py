@@ -67,3 +67,18 @@ def test_gpus_in_an_engines_resources_are_refused_by_the_chart(tmp_path):
     message = render_error(yaml.safe_dump({"engine": {"pools": [{**CPU_POOL, "resources": {
         "limits": {"nvidia.com/gpu": 1}}}]}}), tmp_path)
     assert "/engine/pools/0/resources/limits" in message
+
+
+def test_the_gateway_and_the_chunker_survive_a_node_drain():
+    """Two replicas each, spread over nodes, and a budget that lets a drain evict one at a time."""
+    objects = rendered(None)
+    budgets = {b["metadata"]["name"]: b["spec"] for b in of_kind(objects, "PodDisruptionBudget")}
+    for component in ("gateway", "chunker"):
+        deployment = next(d for d in of_kind(objects, "Deployment") if d["metadata"]["name"].endswith(f"-{component}"))
+        selector = deployment["spec"]["selector"]["matchLabels"]
+        assert budgets[deployment["metadata"]["name"]] == {"maxUnavailable": 1, "selector": {"matchLabels": selector}}
+        [spread] = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+        assert spread["labelSelector"] == {"matchLabels": selector} and spread["whenUnsatisfiable"] == "ScheduleAnyway"
+        assert spread["topologyKey"] == "kubernetes.io/hostname"
+    chunker = next(d for d in of_kind(objects, "Deployment") if d["metadata"]["name"].endswith("-chunker"))
+    assert chunker["spec"]["replicas"] == 2

@@ -44,6 +44,17 @@ image.tag, else the appVersion. */}}
 {{- printf "%s:%s" .Values.engineImage.repository (.Values.engineImage.tag | default .Chart.AppVersion) -}}
 {{- end -}}
 
+{{/* A component's pods spread over nodes where they can be (never left pending for it). (dict "root" $ "component" NAME) */}}
+{{- define "k25.spreadOverNodes" -}}
+topologySpreadConstraints:
+  - maxSkew: 1
+    topologyKey: kubernetes.io/hostname
+    whenUnsatisfiable: ScheduleAnyway
+    labelSelector:
+      matchLabels:
+        {{- include "k25.selectorLabels" . | nindent 8 }}
+{{- end -}}
+
 {{/* The repositories EnginePools may run, space-separated: the engine image's, every pool's own
 image's (tag and digest cut off, as operators/image_policy.py reads them) and operator.allowedImages. */}}
 {{- define "k25.allowedEngineImages" -}}
