@@ -12,8 +12,10 @@ adapter keeps its last good state, the others change as Redis says. Each is logg
 first appears (or its reason changes), not at every refresh.
 
 It also keeps the pools the gateway knows of: those its settings name, and every pool an
-engine has registered in since the gateway started, also once its engines are gone (a
-pool scaled to zero is still a pool that demand can wake).
+engine has registered in, also once its engines are gone (a pool scaled to zero is still a
+pool that demand can wake), for `LEARNED_POOL_TTL_S` after its last engine was seen and at
+most `MAX_LEARNED_POOLS` of them: entries made up by a broken or hostile writer cannot grow the
+gateway's pools (and the QPS buckets it writes for each) without bound.
 """
 
 import asyncio
@@ -29,6 +31,16 @@ from services.gateway.routing import EngineView, PoolInfo, known_pools
 
 log = logging.getLogger(__name__)
 
+LEARNED_POOL_TTL_S = 3600.0
+MAX_LEARNED_POOLS = 256
+
+
+def learned_pools_kept(last_seen: dict[str, float], now: float, ttl_s: float, limit: int) -> dict[str, float]:
+    """The learned pools (name -> when an engine of it was last seen) still remembered at `now`:
+    those seen within `ttl_s`, the `limit` most recently seen."""
+    recent = sorted(((seen, name) for name, seen in last_seen.items() if now - seen <= ttl_s), reverse=True)
+    return {name: seen for seen, name in recent[:limit]}
+
 
 class RegistryView:
     def __init__(self, client: redis.Redis, release: str, pools: tuple[tuple[str, int], ...] = ()):
@@ -38,7 +50,10 @@ class RegistryView:
         self._recovered_at: float | None = None  # when Redis last came back after an outage
         self._refreshed = asyncio.Event()  # set (and replaced) by every refresh
         self.engines: list[EngineView] = []
-        self.pools: dict[str, PoolInfo] = {name: PoolInfo(name, chunk_size) for name, chunk_size in pools}
+        self._configured = {name: PoolInfo(name, chunk_size) for name, chunk_size in pools}
+        self._learned: dict[str, PoolInfo] = {}
+        self._learned_seen: dict[str, float] = {}  # learned pool -> when one of its engines was last seen
+        self.pools: dict[str, PoolInfo] = dict(self._configured)
         self.rollouts: dict[str, RolloutState] = {}  # adapter -> its rollout state
         self.redis_ok: bool | None = None  # None until the first read
         self.last_read_at: float | None = None
@@ -78,10 +93,19 @@ class RegistryView:
             fresh += [e for e in self.engines
                       if e.engine_id not in fresh_ids and now < self._recovered_at + e.heartbeat_ttl_s]
         self.engines = fresh
-        self.pools.update((pool.name, pool) for pool in known_pools(fresh))
+        self._learn_pools(known_pools(fresh), now)
         self.rollouts = rollouts
         self.redis_ok = True
         self.last_read_at = now
+
+    def _learn_pools(self, seen: list[PoolInfo], now: float) -> None:
+        for pool in seen:
+            self._learned[pool.name] = pool
+            self._learned_seen[pool.name] = now
+        self._learned_seen = learned_pools_kept(self._learned_seen, now, LEARNED_POOL_TTL_S, MAX_LEARNED_POOLS)
+        self._learned = {name: self._learned[name] for name in self._learned_seen}
+        # a pool the settings name keeps its place; engines in it tell its context length
+        self.pools = {**self._configured, **self._learned}
 
     def _read(self) -> tuple[dict, dict[str, RolloutState], dict[str, str]]:
         entries = live_engines(self.client, self.release)

@@ -86,7 +86,7 @@ class Gateway:
             address = s.chunker_address if "://" in s.chunker_address else f"tcp://{s.chunker_address}"
             self.chunker = ChunkerClient(address, timeout_s=s.chunker_timeout_s, curve_secret_key=s.curve_secret_key)
         await self.registry.refresh()
-        self.accounting.known_pools.update(self.registry.pools)
+        self.accounting.known_pools = set(self.registry.pools)
         self.kv_events.start()
         self._tasks = [asyncio.create_task(self._refresh_loop()), asyncio.create_task(self._flush_loop())]
         self.started = True
@@ -107,7 +107,7 @@ class Gateway:
             await asyncio.sleep(self.settings.registry_refresh_s)
             await self.registry.refresh()
             self.metrics.redis_up.set(1 if self.registry.redis_ok else 0)
-            self.accounting.known_pools.update(self.registry.pools)  # a pool without traffic reads 0 QPS
+            self.accounting.known_pools = set(self.registry.pools)  # a pool without traffic reads 0 QPS
             self.metrics.engines.clear()
             self.metrics.unroutable_engines.clear()
             for engine in self.registry.engines:

@@ -90,6 +90,28 @@ def test_pools_are_known_from_the_settings_and_from_every_engine_seen(redis_clie
     redis_client.flushall()  # every engine gone: the pools are still known, scaled to zero
     refresh_at(view, clock, 1002.0)
     assert view.engines == [] and set(view.pools) == {"short", "long", "extra"}
+    # a learned pool is forgotten once no engine of it was seen for its TTL; those the settings name stay
+    refresh_at(view, clock, 1001.0 + registry_view.LEARNED_POOL_TTL_S + 1)
+    assert view.pools == {"short": PoolInfo("short", 64), "long": PoolInfo("long", 256)}
+
+
+def test_made_up_pools_cannot_grow_the_gateways_pools_without_bound(redis_client, clock, monkeypatch):
+    monkeypatch.setattr(registry_view, "MAX_LEARNED_POOLS", 3)
+    view = RegistryView(redis_client, "rel", pools=(("real", 64),))
+    for second in range(6):  # a writer registers a new pool name every second
+        register_engine(redis_client, "rel", f"fake{second}", entry(f"fake{second}", 5.0), ttl_s=1)
+        refresh_at(view, clock, 1000.0 + second)
+    assert len(view.pools) <= 1 + 3 and "real" in view.pools
+
+
+@pytest.mark.parametrize("last_seen, now, ttl, limit, kept", [
+    ({"a": 0.0, "b": 50.0}, 100.0, 60.0, 10, {"b"}),  # a was last seen 100 s ago
+    ({"a": 40.0, "b": 50.0}, 100.0, 60.0, 10, {"a", "b"}),  # exactly its TTL ago counts as seen
+    ({"a": 90.0, "b": 99.0, "c": 95.0}, 100.0, 60.0, 2, {"b", "c"}),  # the most recently seen
+    ({}, 100.0, 60.0, 2, set()),
+])
+def test_learned_pools_kept(last_seen, now, ttl, limit, kept):
+    assert set(registry_view.learned_pools_kept(last_seen, now, ttl, limit)) == kept
 
 
 def test_an_entry_with_absurd_values_is_ignored_and_logged_once(redis_client, clock, caplog):
