@@ -46,6 +46,7 @@ from services.gateway.responses import (
 )
 from services.gateway.routing import largest_context
 from services.gateway.settings import GatewaySettings
+from services.gateway.shared_limits import exchange
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,8 @@ class Gateway:
         self.accounting = RequestAccounting(settings.release)
         self.metrics = GatewayMetrics()
         self.admission = Admission(settings.max_inflight, self.metrics)
+        self.gateway_id = uuid.uuid4().hex  # this process's name among the replicas sharing tenant limits
+        self._limits_shared = True
         self.encoder = PromptEncoder(tokenizer, settings.tokenizer_threads, self.metrics.tokenize_seconds)
         self.prefix_index = PrefixIndex(settings.prefix_index_max_blocks)
         self.kv_events = KVEventListener(redis_client, settings.release, self.prefix_index)
@@ -140,6 +143,21 @@ class Gateway:
         if not self._accounting_ok:
             log.info("request counts are reaching Redis again")
         self._accounting_ok = True
+        await self._share_limits()
+
+    async def _share_limits(self) -> None:
+        """Exchange tenant states with the other gateways (shared_limits.py); without Redis each
+        gateway keeps its own limits."""
+        try:
+            peers = await asyncio.to_thread(exchange, self.redis, self.settings.release, self.gateway_id,
+                                            self.admission.snapshot())
+        except redis.RedisError as exc:
+            if self._limits_shared:
+                log.warning("cannot share tenant limits through Redis (%s); each gateway limits on its own", exc)
+            self._limits_shared = False
+            return
+        self.admission.absorb(peers)
+        self._limits_shared = True
 
     # --- one request -------------------------------------------------------------------------
 
