@@ -18,7 +18,7 @@ from services.gateway.api_keys import ANONYMOUS, Caller
 from services.gateway.errors import RETRY_AFTER_S, OpenAIError, overloaded, rate_limited, send_error
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.shared_limits import FRESH_S, PeerStates, TenantState
-from services.gateway.tenant_limits import Bucket, TenantLimits, charged, full_bucket, refilled, retry_after_s, wait_s
+from services.gateway.tenant_limits import Bucket, TenantLimits, charged, refilled, retry_after_s, wait_s
 
 
 @dataclass
