@@ -18,7 +18,7 @@ from services.gateway.api_keys import ANONYMOUS, Caller
 from services.gateway.errors import RETRY_AFTER_S, OpenAIError, overloaded, rate_limited, send_error
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.shared_limits import FRESH_S, PeerStates, TenantState
-from services.gateway.tenant_limits import Bucket, TenantLimits, charged, refilled, retry_after_s, wait_s
+from services.gateway.tenant_limits import Bucket, TenantLimits, charged, full_bucket, refilled, retry_after_s, wait_s
 
 
 @dataclass
@@ -76,8 +76,9 @@ class Admission:
     def _first_bucket(self, tenant: str, tokens_per_minute: int, now: float) -> Bucket:
         """Full, or as low as the lowest level another gateway reported (refilled since)."""
         wall = self.wall_clock()
+        full = full_bucket(tokens_per_minute, now)
         reported = [level + max(0.0, wall - at) * tokens_per_minute / 60.0 for level, at in self.peers.levels.get(tenant, ())]
-        return Bucket(min([float(tokens_per_minute), *reported]), now)
+        return Bucket(min([full.level, *reported]), now)
 
     def _charge(self, tenant: str, tokens_per_minute: int, tokens: float, own: bool = True) -> None:
         self._buckets[tenant] = charged(self._bucket(tenant, tokens_per_minute), tokens, tokens_per_minute)
