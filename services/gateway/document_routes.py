@@ -84,7 +84,11 @@ class AskRequest(SplitFields):
 def install_document_routes(app: FastAPI, gateway: Gateway, caller) -> None:
     @app.post("/v1/chunks")
     async def chunks(body: ChunksRequest, request: Request, caller: Caller = Depends(caller)):
+        # cutting is charged to the tenant's token rate as the text's tokens, like a prompt
+        ticket = request.state.ticket
+        ticket.reserve(estimated_tokens(body.text))
         split = await _split(gateway, body, body.text, request.state.span)
+        ticket.use(split.total_tokens)
         return {"object": "list", "total_tokens": split.total_tokens,
                 "data": [{"index": i, **_passage_json(p)} for i, p in enumerate(split.chunks)]}
 
