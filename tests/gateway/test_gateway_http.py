@@ -14,13 +14,13 @@ from prometheus_client import Histogram
 from common.tokenizer import load_tokenizer
 from proto import k25_pb2
 from services.gateway.api_keys import ApiKeys, Caller, hash_key
-from services.gateway.tenant_limits import TenantLimits
 from services.gateway.app import create_app
 from services.gateway.errors import OpenAIError, from_engine_error
 from services.gateway.openai_schema import FLOAT32_TINY, ChatCompletionRequest, lone_surrogate_at
 from services.gateway.prompt_encoder import PromptEncoder
 from services.gateway.service import Gateway
 from services.gateway.settings import GatewaySettings
+from services.gateway.tenant_limits import TenantLimits
 from tests.helpers.redis_server import free_port, module_redis_url  # noqa: F401  (fixture)
 
 KEY = "k25-test-key"
