@@ -27,8 +27,8 @@ from common.rollout_keys import LATENCY_BUCKETS, PROGRESSING, PROMOTED, ROLLED_B
 from operators.rollout_spec import AdapterVersion, RolloutSpec
 
 # what the last step did (status.reason)
-STARTED, WAITING, LOW_TRAFFIC, CHECK_FAILED, ENGINES_NOT_READY, ADVANCED = (
-    "Started", "Waiting", "LowTraffic", "CheckFailed", "EnginesNotReady", "Advanced")
+STARTED, WAITING, LOW_TRAFFIC, CHECK_FAILED, ENGINES_NOT_READY, ADVANCED, RESUMED = (
+    "Started", "Waiting", "LowTraffic", "CheckFailed", "EnginesNotReady", "Advanced", "Resumed")
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,25 @@ def _failed_check(spec: RolloutSpec, held: RolloutStatus, why: str, reason: str)
     return _progressing(spec, dataclasses.replace(
         held, failures=failures, window_start=held.last_analysis.at, reason=reason,
         message=f"holding at {held.weight}%: check failed ({failures} of {spec.failure_threshold}): {why}"))
+
+
+def recovered_status(spec: RolloutSpec, stored: RolloutState | None, now: float) -> RolloutStatus | None:
+    """The status to go on from when a rollout has none of its own (its status was lost: a
+    restore, a re-created resource) but the adapter's Redis state is one this spec writes: a
+    promotion stays promoted, a canary keeps its step. None: start over (so does a rollback,
+    whose state does not say which canary it rolled back)."""
+    if stored is None:
+        return None
+    stored = dataclasses.replace(stored, generation=0)
+    common = dict(stable=spec.stable.version, canary=spec.canary.version, failures=0, window_start=now,
+                  message="resumed from the adapter's rollout state (this rollout's status was lost)")
+    if stored == _finished(spec.canary, phase=PROMOTED):
+        return RolloutStatus(phase=PROMOTED, step=len(spec.steps) - 1, weight=100, reason=PROMOTED, **common)
+    for step, weight in enumerate(spec.steps):
+        status = RolloutStatus(phase=PROGRESSING, step=step, weight=weight, reason=RESUMED, **common)
+        if stored == _progressing(spec, status).state:
+            return status
+    return None
 
 
 def _belongs(spec: RolloutSpec, status: RolloutStatus) -> bool:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.rollout_keys import LATENCY_BUCKETS, VersionStats
-from operators.rollout_policy import RolloutStatus, decide_step, readiness
+from operators.rollout_policy import RolloutStatus, decide_step, readiness, recovered_status
 from operators.rollout_spec import parse_rollout_spec
 
 SHA_A, SHA_B = "a" * 64, "b" * 64
@@ -185,3 +185,22 @@ def test_weights_stay_on_the_steps_and_never_advance_without_a_passing_check(cas
             if after.phase == "Promoted":
                 assert after.weight == 100 and state.stable_version == spec.canary.version
         status = after
+
+
+def test_a_lost_status_goes_on_from_the_state_this_spec_wrote():
+    """A promoted rollout whose status was lost stays promoted (not back to 5% of users on the new
+    version and 95% on the old), a canary keeps its step, and a state this spec did not write
+    (another canary, a weight off the steps) starts over; so does a rollback, whose state (the
+    stable version alone) would equally be that of a new rollout of another canary."""
+    promoted = decide_step(SPEC, at(3), HEALTHY, True, NOW)
+    assert recovered_status(SPEC, promoted.state, NOW).phase == "Promoted"
+    assert decide_step(SPEC, recovered_status(SPEC, promoted.state, NOW), HEALTHY, True, NOW).state == promoted.state
+    rolled_back = decide_step(SPEC, at(2, failures=2), ERRORS, True, NOW)
+    assert recovered_status(SPEC, rolled_back.state, NOW) is None
+    advanced = decide_step(SPEC, at(1), HEALTHY, True, NOW)  # to step 2, 50%
+    resumed = recovered_status(SPEC, advanced.state, NOW)
+    assert (resumed.phase, resumed.step, resumed.weight, resumed.reason) == ("Progressing", 2, 50, "Resumed")
+    other = parse_rollout_spec({**SPEC_FIELDS, "canary": {"version": "v3", "source": "legal/v3", "sha256": SHA_A}})
+    assert recovered_status(other, advanced.state, NOW) is None
+    assert recovered_status(SPEC, dataclasses.replace(advanced.state, canary_weight=30), NOW) is None
+    assert recovered_status(SPEC, None, NOW) is None
