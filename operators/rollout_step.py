@@ -28,9 +28,10 @@ def run_step(client, release: str, rollout: RolloutSpec, status: RolloutStatus |
         status = recovered_status(rollout, stored, now)
     canary = rollout.canary.version
     stats = version_stats(client, release, rollout.adapter, canary, now, rollout.interval_s)
+    stable = version_stats(client, release, rollout.adapter, rollout.stable.version, now, rollout.interval_s)
     ready = readiness(live_engines(client, release), rollout.pool, rollout.adapter, canary)
     result = decide_step(rollout, status, stats, ready.ready, now,
-                         loaded_nowhere=ready.engines > 0 and len(ready.missing) == ready.engines)
+                         loaded_nowhere=ready.engines > 0 and len(ready.missing) == ready.engines, stable=stable)
     generation = None
     if stored != result.state:
         generation = write_rollout(client, release, rollout.adapter, result.state)

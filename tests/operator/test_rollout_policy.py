@@ -204,3 +204,19 @@ def test_a_lost_status_goes_on_from_the_state_this_spec_wrote():
     assert recovered_status(other, advanced.state, NOW) is None
     assert recovered_status(SPEC, dataclasses.replace(advanced.state, canary_weight=30), NOW) is None
     assert recovered_status(SPEC, None, NOW) is None
+
+
+@pytest.mark.parametrize("canary, stable, failed", [
+    (stats(p95=0.25), stats(p95=0.1), "p95 latency 250 ms > 2x stable's 100 ms"),
+    (stats(p95=0.25), stats(p95=0.25), None),  # as slow as stable: the version is not to blame
+    (stats(p95=0.25), stats(requests=99, p95=0.1), None),  # too little stable traffic to compare with
+    (stats(errors=9), stats(errors=6), None),  # 6% against stable's 4% + 5%
+    (stats(errors=9), stats(errors=0), "error rate 6.00% > 5.00% (stable's 0.00% + 5.00%)"),
+    (stats(p95=0.5), None, None),  # no stable figures: the absolute limits only (1000 ms here)
+])
+def test_a_check_compares_the_canary_with_the_stable_version_over_the_same_interval(canary, stable, failed):
+    result = decide_step(SPEC, at(1), canary, True, NOW, stable=stable)
+    if failed is None:
+        assert result.status.reason == "Advanced"
+    else:
+        assert result.status.reason == "CheckFailed" and failed in result.status.message
