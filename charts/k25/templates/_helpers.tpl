@@ -135,7 +135,7 @@ with peering "clusterkopfpeerings", or in a Role of the release's namespace with
   verbs: [get, patch]
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, create, patch, delete]
+  verbs: [get, list, create, patch, delete]
 - apiGroups: [apps]
   resources: [deployments/scale]
   verbs: [get, patch]
