@@ -20,8 +20,8 @@ from common.engine_settings import engine_args as settings_args
 from common.zmq_curve import ENV as CURVE_ENV
 from operators.config import CURVE_SECRET_KEY_KEY, REDIS_URL_KEY, OperatorConfig
 from operators.engine_pod import container_resources, spread_over_nodes
-from operators.pool_upgrade import TEMPLATE_HASH, template_hash
 from operators.pool_spec import MODELS_MOUNT, SCRATCH_MOUNT, EnginePoolSpec
+from operators.pool_upgrade import TEMPLATE_HASH, template_hash
 
 POOL_LABEL = "k25.io/pool"
 ZMQ_PORT = 5555

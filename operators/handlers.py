@@ -27,11 +27,11 @@ from common.redis_keys import QpsReading, pool_qps
 from operators.autoscale_policy import PoolObservation, decide
 from operators.config import RELEASE_LABEL, OperatorConfig
 from operators.deployment import build_deployment, deployment_name, owned_by, pod_selector
-from operators.pool_signals import engine_signals, pod_signals, qps_series
 from operators.image_policy import image_refusal
+from operators.pool_signals import engine_signals, pod_signals, qps_series
 from operators.pool_spec import PoolSpecError, parse_pool_spec
-from operators.pool_upgrade import TEMPLATE_HASH, rolling_elsewhere
 from operators.pool_status import build_status, foreign_deployment_status, pool_pods
+from operators.pool_upgrade import TEMPLATE_HASH, rolling_elsewhere
 from operators.predictive_policy import decide_predictive
 
 ENGINE_POOLS = ("k25.io", "v1alpha1", "enginepools")
