@@ -5,7 +5,7 @@ first token (their heartbeats)."""
 
 import datetime
 
-from common.redis_keys import live_engines, qps_bucket_key
+from common.redis_keys import live_engines, qps_bucket_key, within_limit
 from operators.pool_status import unschedulable_reason
 from operators.predictive_policy import PoolSignals
 
@@ -39,9 +39,9 @@ def engine_signals(client, release: str, pool: str) -> tuple[int | None, float |
     reports), and the worst of their TTFT p95s over the last minute (None when none saw a
     first token in it)."""
     entries = [entry for entry in live_engines(client, release).values() if entry.get("pool") == pool]
-    counts = [n for n in (e.get("waiting") for e in entries) if isinstance(n, int) and not isinstance(n, bool)]
-    ttfts = [t for t in (e.get("ttft_p95_s") for e in entries)
-             if isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0]
+    # bounded as the gateway bounds them (ENTRY_LIMITS): a broken entry cannot size the pool
+    counts = [n for n in (within_limit(e, "waiting") for e in entries) if n is not None]
+    ttfts = [t for t in (within_limit(e, "ttft_p95_s", float) for e in entries) if t is not None]
     return (sum(counts) if counts else None), (max(ttfts) if ttfts else None)
 
 

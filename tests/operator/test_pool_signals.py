@@ -61,6 +61,9 @@ def test_waiting_requests_add_up_and_the_worst_ttft_counts_over_the_pools_live_e
     register_engine(client, "r", "e3", {"pool": "a100", "waiting": 50, "ttft_p95_s": 9.0}, ttl_s=60)
     register_engine(client, "r", "e4", {"pool": "h100", "ttft_p95_s": None}, ttl_s=60)  # no first token lately
     register_engine(client, "r", "e5", {"pool": "h100", "waiting": True, "ttft_p95_s": "slow"}, ttl_s=60)  # garbage
+    # absurd values, as the gateway's bounds see them (ENTRY_LIMITS): they cannot size the pool
+    register_engine(client, "r", "e6", {"pool": "h100", "waiting": 1 << 40, "ttft_p95_s": 1e12}, ttl_s=60)
+    register_engine(client, "r", "e7", {"pool": "h100", "waiting": -5, "ttft_p95_s": float("nan")}, ttl_s=60)
     assert engine_signals(client, "r", "h100") == (7, 2.5)
 
 
