@@ -54,7 +54,7 @@ class PredictiveRules:
     ttft_slo_s: float | None = None  # None: no latency guard
     over_capacity_pod_s: float = 60.0  # pod-seconds of start-up worth one second less over capacity
     block_s: int = 10  # the forecast's uncertainty: the spread of the load's means over blocks this long
-    down_band: float = 0.5  # a smaller pool is sized to run within this share of the scale-out tolerance
+    sizing_sigmas: float = 4.0  # a smaller pool keeps the load this many standard deviations below its scale-out
     trusted_startups: int = 8  # start-ups seen below which a starting pod's age says nothing about when it is ready
 
     def __post_init__(self):
@@ -65,8 +65,8 @@ class PredictiveRules:
             raise ValueError("clear_trend, default_startup_s and over_capacity_pod_s must not be negative")
         if not 1 <= self.block_s <= self.fit_window_s // 2:
             raise ValueError(f"need 1 <= block_s <= fit_window_s / 2, got {self.block_s}")
-        if not 0 <= self.down_band <= 1:
-            raise ValueError(f"down_band must be in [0, 1], got {self.down_band}")
+        if self.sizing_sigmas < 0:
+            raise ValueError(f"sizing_sigmas must not be negative, got {self.sizing_sigmas}")
         if not 0 <= self.down_tolerance < 1:
             raise ValueError(f"down_tolerance must be in [0, 1), got {self.down_tolerance}")
         for name in ("queue_per_replica", "ttft_slo_s"):
@@ -116,16 +116,13 @@ def forecast(predictive: PredictiveRules, series: tuple[float | None, ...], leve
 
 
 def _block_spread(series: tuple[float | None, ...], block_s: int) -> float:
-    """How much the load's mean moves from one block to the next (one standard deviation, from the
-    median change, so that one step in the load does not count as spread); blocks without data
-    are left out."""
+    """The standard deviation of the load's means over consecutive blocks (blocks without data left out)."""
     means = []
     for start in range(0, len(series) - block_s + 1, block_s):
         values = [v for v in series[start:start + block_s] if v is not None]
         if values:
             means.append(sum(values) / len(values))
-    changes = [abs(b - a) for a, b in zip(means, means[1:])]
-    return statistics.median(changes) / 0.6745 / math.sqrt(2) if changes else 0.0
+    return statistics.pstdev(means) if len(means) >= 2 else 0.0
 
 
 def _slope(points: list[tuple[int, float]]) -> tuple[float, float]:
@@ -152,9 +149,10 @@ def decide_predictive(rules: ScalingRules, predictive: PredictiveRules, seen: Po
     # every planned pod is ready and requests still queue (or wait too long): they serve less
     # than the target says, so one pod more than are ready (the one already starting, if any, is kept)
     saturated = guard is not None and math.ceil(planned / rules.target_qps_per_replica) <= seen.ready_replicas
-    # the pool scales out only above its target plus the tolerance; a smaller pool is sized to run
-    # within half of that band, so that the load's wobble does not take it straight back out
-    sized = planned / (1 + rules.tolerance * predictive.down_band) if planned < serves else planned
+    # the pool scales out only above its target plus the tolerance; a smaller pool is sized so that
+    # the load's wander (`sizing_sigmas` of the forecast's spread) does not take it straight back out
+    upper = planned + predictive.sizing_sigmas * expected.spread
+    sized = min(planned, upper / (1 + rules.tolerance)) if planned < serves else planned
     bumped = max(seen.replicas, seen.ready_replicas + 1) * rules.target_qps_per_replica if saturated else sized
     decision = decide(dataclasses.replace(rules, tolerance=predictive.down_tolerance),
                       dataclasses.replace(seen, qps=bumped), history)

@@ -56,9 +56,9 @@ def run(args) -> int:
     workers = min(args.workers, len(jobs))
     if workers > 1:
         with ProcessPoolExecutor(workers) as pool:
-            done = list(pool.map(_one_seed, *zip(*jobs)))
+            done = list(pool.map(one_seed, *zip(*jobs)))
     else:
-        done = [_one_seed(*job) for job in jobs]
+        done = [one_seed(*job) for job in jobs]
     results = {str(seed): summaries for seed, (summaries, _) in zip(seeds, done)}
     if args.plot:
         from bench.autoscale_simulation_plot import plot_comparison
@@ -84,7 +84,7 @@ def run(args) -> int:
     return 0
 
 
-def _one_seed(trace, duration_s, seed, capacity, policies, keep_outcomes):
+def one_seed(trace, duration_s, seed, capacity, policies, keep_outcomes):
     from bench.autoscale_simulation import compare
     from bench.simulation_summary import with_ratios
 
