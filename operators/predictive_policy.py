@@ -8,10 +8,14 @@ would be ready. A pure function, built on the reactive one; no Kubernetes, no Re
   slope at least `clear_trend` standard errors from zero, both with the same sign); it is
   the smaller of the two. A step or a burst shows in one half only and is not extrapolated;
   a ramp shows in both. The planned load is the larger of the observed QPS and the
-  forecast: a falling forecast never removes capacity that the load needs now.
+  forecast: a falling forecast never removes capacity that the load needs now. Its
+  uncertainty: the load's wander and the trend's standard error times the horizon.
 - Tolerance: because pods start ahead of the load, a scale-out waits until the planned load
-  is more than the pool's tolerance (10%) above its target, as the HPA does; a scale-down
-  has no band (`down_tolerance`), the scale-down window alone stabilises it.
+  is more than the pool's tolerance (10%) above its target, as the HPA does. A smaller pool is
+  sized to run up to that threshold, less `sizing_sigmas` standard deviations of the load's
+  wander over the last `fit_window_s` (the spread of its `block_s`-second means): a steady
+  load is served at up to target plus tolerance, as the HPA's band allows, a wandering one
+  keeps room for its wander. The scale-down window stabilises it.
 - The reactive policy (`autoscale_policy.decide`) then runs on the planned load: cooldown,
   scale-down window, step limit, [min, max], release of starting pods no longer needed, and
   holding when QPS data is missing or stale.
@@ -19,15 +23,18 @@ would be ready. A pure function, built on the reactive one; no Kubernetes, no Re
   ready engine, or the worst engine's TTFT p95 over the last minute is above `ttft_slo_s` (when
   the pool sets an SLO), and every planned pod is ready, the pods serve less than the target
   says, and the plan is one pod more than are ready (the scale-down window then keeps it like
-  any plan). The TTFT window trails the load by up to a minute, less than a pod's start-up, so
-  it adds at most one pod more than the queue would have. While pods
-  are missing, the pool starts extra pods, `hedge` for each pod the plan still lacks ready, at
-  most `max_hedge_pods` or `max_hedge_share` of the ready pods, whichever is more. Start-up
-  times are spread (one to five minutes), so the first of more pods are ready sooner; the
-  extra ones go, starting ones first, as the plan's pods become ready and the queue drains.
-  The pool is over capacity until the last missing pod is ready, and a burst of the same
-  relative size misses more pods in a bigger pool: a fixed ceiling would hedge its last pods
-  ever more thinly, hence the share.
+  any plan). While the plan's pods are not all ready, the pool starts as many pods as are worth
+  it (`startup_model.pods_to_start`): pods start at spread times, so more of them get the missing
+  ones ready sooner; from the start-ups the pool has seen and the ages of the pods already
+  starting (their ages count once `trusted_startups` start-ups were seen), it starts the number
+  that minimises (`over_capacity_pod_s` + extra pods) x the expected time until the missing
+  pods are ready: the price of a second over capacity against the pod-seconds that extra pods
+  cost until they are released. Within the step limit and max.
+- Cost of a start: a smaller size releases starting pods (the newest first, as a ReplicaSet
+  does), but a starting pod is kept while the chance that the forecast load needs it (that it
+  would be above the scale-out threshold without it) times the scale-down window it would then
+  serve is more than the seconds it still takes to be ready (from the start-ups seen): a pod
+  nearly ready is not thrown away for a dip in the load.
 - Nodes: while the scheduler reports a pod of the pool Unschedulable, the pool does not
   grow; pods that already wait for a node keep waiting (a cluster autoscaler may add one).
 """
@@ -54,7 +61,7 @@ class PredictiveRules:
     ttft_slo_s: float | None = None  # None: no latency guard
     over_capacity_pod_s: float = 60.0  # pod-seconds of start-up worth one second less over capacity
     block_s: int = 10  # the forecast's uncertainty: the spread of the load's means over blocks this long
-    sizing_sigmas: float = 4.0  # a smaller pool keeps the load this many standard deviations below its scale-out
+    sizing_sigmas: float = 6.0  # a smaller pool keeps the load this many standard deviations below its scale-out
     trusted_startups: int = 8  # start-ups seen below which a starting pod's age says nothing about when it is ready
 
     def __post_init__(self):
@@ -116,13 +123,19 @@ def forecast(predictive: PredictiveRules, series: tuple[float | None, ...], leve
 
 
 def _block_spread(series: tuple[float | None, ...], block_s: int) -> float:
-    """The standard deviation of the load's means over consecutive blocks (blocks without data left out)."""
+    """How far the load's means over consecutive blocks wander from a straight line through them
+    (one standard deviation; blocks without data left out): a ramp is a trend, not a wander."""
     means = []
-    for start in range(0, len(series) - block_s + 1, block_s):
+    for index, start in enumerate(range(0, len(series) - block_s + 1, block_s)):
         values = [v for v in series[start:start + block_s] if v is not None]
         if values:
-            means.append(sum(values) / len(values))
-    return statistics.pstdev(means) if len(means) >= 2 else 0.0
+            means.append((index, sum(values) / len(values)))
+    if len(means) < 3:
+        return 0.0
+    slope, _ = _slope(means)
+    mean_x = sum(x for x, _ in means) / len(means)
+    mean_y = sum(y for _, y in means) / len(means)
+    return math.sqrt(sum((y - mean_y - slope * (x - mean_x)) ** 2 for x, y in means) / (len(means) - 2))
 
 
 def _slope(points: list[tuple[int, float]]) -> tuple[float, float]:

@@ -80,8 +80,11 @@ def test_the_horizon_is_the_median_start_up_of_the_pools_pods_or_the_default():
         (6, 479.0, PoolSignals(ramp(240.0, 1.0), (120.0,) * 3, unschedulable=1), 6, "NodesFull"),
         # the load fell below the band and the window is covered: down
         (10, 300.0, PoolSignals((300.0,) * 240), 4, "ScaledDown"),
-        # sized to run within half the tolerance above target: 650 / 84 QPS, not 650 / 80
+        # a steady load is sized up to the scale-out threshold: 650 / 88 QPS, not 650 / 80...
         (10, 650.0, PoolSignals((650.0,) * 240), 8, "ScaledDown"),
+        # ...a wandering one keeps four standard deviations of room below it (650 + 4 x 50 over 88)
+        (10, 650.0, PoolSignals(tuple(650.0 + (50.0 if t // 10 % 2 else -50.0) for t in range(240))), 9,
+         "ScaledDown"),
         (20, 5000.0, PoolSignals((5000.0,) * 240, waiting=10_000), 20, "AtMaxReplicas"),
     ],
 )
@@ -128,7 +131,7 @@ def test_a_starting_pod_is_kept_while_its_expected_use_is_worth_its_cost():
     """10 ready and 2 starting for a load that 10 serve: a pod nearly ready that the load may
     still need is kept, one 40 s from ready is not worth it; pods just created for a load that
     will not need them are released."""
-    wobbly = tuple(760.0 + (40.0 if t // 10 % 2 else -40.0) for t in range(240))  # 10 s blocks 720 / 800
+    wobbly = tuple(760.0 + (100.0 if t // 10 % 2 else -100.0) for t in range(240))  # 10 s blocks 660 / 860
     kept = decide_predictive(RULES, PREDICTIVE, seen(12, 790.0, ready=10), PoolSignals(
         wobbly, SEEN * 2, starting_age_s=(235.0, 200.0)), covered(0))
     assert (kept.replicas, kept.reason) == (11, "StartingPodsKept")
@@ -198,8 +201,8 @@ def test_rules_refuse_nonsense():
         PredictiveRules(over_capacity_pod_s=-1)
     with pytest.raises(ValueError, match="block_s"):
         PredictiveRules(block_s=0)
-    with pytest.raises(ValueError, match="down_band"):
-        PredictiveRules(down_band=1.5)
+    with pytest.raises(ValueError, match="sizing_sigmas"):
+        PredictiveRules(sizing_sigmas=-1.0)
     with pytest.raises(ValueError, match="down_tolerance"):
         PredictiveRules(down_tolerance=1.0)
     with pytest.raises(ValueError, match="queue_per_replica"):
