@@ -165,7 +165,7 @@ def test_on_a_morning_ramp_the_predictive_policy_has_pods_ready_sooner_than_the_
 def test_simulate_command_prints_json_for_each_seed_and_the_total(capsys, tmp_path):
     plot = tmp_path / "replicas.png"
     assert k25_main(["simulate", "--trace", "flash-crowd", "--days", "0.02", "--seed", "1", "--seeds", "2",
-                     "--json", "--plot", str(plot)]) == 0
+                     "--workers", "1", "--json", "--plot", str(plot)]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert set(printed) == {"1", "2", "total", "spread"}
     for policy in POLICIES:
