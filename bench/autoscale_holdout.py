@@ -47,12 +47,14 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", default="10-22,100-102", help="ranges of seeds, e.g. 10-22,100-102")
     parser.add_argument("--against", default="main", help="git revision of the policy to compare with")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--days", type=float, help="length of each trace (default: as k25 simulate's)")
     args = parser.parse_args(argv)
     from bench.autoscale_simulation import CapacityModel
 
     ranges = seed_ranges(args.seeds)
     policies = ("predictive", "hpa", f"predictive@{args.against}")
-    jobs = [(trace, round(DEFAULT_DAYS.get(trace, OTHER_DAYS) * 86_400), seed, CapacityModel(), policies, False)
+    jobs = [(trace, round((args.days or DEFAULT_DAYS.get(trace, OTHER_DAYS)) * 86_400), seed, CapacityModel(), policies,
+             False)
             for trace in args.traces.split(",") for seeds in ranges for seed in seeds]
     with ProcessPoolExecutor(args.workers) as pool:
         done = list(pool.map(one_seed, *zip(*jobs)))
