@@ -121,4 +121,6 @@ def spread_table(spread: dict[str, dict]) -> str:
 
 
 def _cell(value) -> str:
-    return "-" if value is None else f"{value:g}"
+    if value is None:
+        return "-"
+    return str(value) if isinstance(value, int) else f"{value:g}"
