@@ -160,7 +160,7 @@ def _read_qps(client, config: OperatorConfig, pool: str, now: float) -> tuple[Qp
 def _read_signals(client, config: OperatorConfig, pool: str, pods: list[dict], now: float, pool_spec):
     """The pods' signals always; the series, the queues and the TTFT when Redis answers
     (without them the forecast is the observed QPS and the guards are off)."""
-    signals = pod_signals(pods)
+    signals = pod_signals(pods, now)
     try:
         series = qps_series(client, config.release, pool, now, pool_spec.predictive_rules().fit_window_s)
         waiting, ttft_p95_s = engine_signals(client, config.release, pool)

@@ -20,10 +20,16 @@ def startup_seconds(pod: dict) -> float | None:
     return None
 
 
-def pod_signals(pods: list[dict]) -> PoolSignals:
-    """What the pods say: start-up times of the ready ones, and how many wait for a node."""
+def pod_signals(pods: list[dict], now: float | None = None) -> PoolSignals:
+    """What the pods say: start-up times of the ready ones, how many wait for a node, and (given
+    the time now, in epoch seconds) how long ago the others were created."""
     startups = tuple(s for s in map(startup_seconds, pods) if s is not None)
-    return PoolSignals(startup_s=startups, unschedulable=sum(1 for p in pods if unschedulable_reason(p)))
+    ages = () if now is None else tuple(
+        max(0.0, now - _parse(created).timestamp()) for pod in pods
+        if startup_seconds(pod) is None and (created := pod.get("metadata", {}).get("creationTimestamp"))
+        and not pod.get("metadata", {}).get("deletionTimestamp"))
+    return PoolSignals(startup_s=startups, unschedulable=sum(1 for p in pods if unschedulable_reason(p)),
+                       starting_age_s=ages)
 
 
 def qps_series(client, release: str, pool: str, now: float, window_s: int) -> tuple[float | None, ...]:
