@@ -6,6 +6,17 @@ from engine.base.errors import EngineError, ErrorCode
 
 MAX_LOGPROBS = 20
 
+CONSTRAINT_KINDS = ("json_schema", "regex", "lark")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What a constrained answer must match (engine/structured/ compiles it): a JSON Schema as
+    JSON text, a regex, or a Lark grammar in llguidance's dialect."""
+
+    kind: str
+    text: str
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -18,6 +29,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # None = none; N >= 0: chosen token plus the top N
+    constraint: Constraint | None = None  # None: free text
 
     @property
     def greedy(self) -> bool:
@@ -42,6 +54,8 @@ class SamplingParams:
             problems.append("stop strings must not be empty")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             problems.append(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if self.constraint is not None and self.constraint.kind not in CONSTRAINT_KINDS:
+            problems.append(f"constraint kind must be one of {', '.join(CONSTRAINT_KINDS)}, got {self.constraint.kind!r}")
         if problems:
             raise EngineError(ErrorCode.INVALID_ARGUMENT, "; ".join(problems))
 
@@ -53,3 +67,4 @@ class SampledToken:
     token_id: int
     logprob: float | None = None  # of the chosen token, when logprobs were asked for
     top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), best first
+    error: EngineError | None = None  # no token: the request fails (e.g. its constraint does not compile)

@@ -46,6 +46,8 @@ from services.gateway.responses import (
 )
 from services.gateway.routing import largest_context
 from services.gateway.settings import GatewaySettings
+from services.gateway.grammar_check import GrammarChecker
+from services.gateway.tool_calls import ToolCallReader, read_answer, tool_finish_reason
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,7 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.admission = Admission(settings.max_inflight, self.metrics)
         self.encoder = PromptEncoder(tokenizer, settings.tokenizer_threads, self.metrics.tokenize_seconds)
+        self.grammars = GrammarChecker(tokenizer)
         self.prefix_index = PrefixIndex(settings.prefix_index_max_blocks)
         self.kv_events = KVEventListener(redis_client, settings.release, self.prefix_index)
         self.inflight = 0
@@ -195,15 +198,22 @@ class Gateway:
             cache_salt="" if s.share_prefix_cache_across_tenants else caller.tenant,
         )
 
-    async def complete(self, body: SamplingFields, job: Job, chat: bool, parent_span):
-        """Answer an OpenAI request: one JSON body, or a stream of server-sent events."""
-        shape = ReplyShape(chat, body.requested_logprobs(), body.include_usage())
+    async def complete(self, body: SamplingFields, job: Job, chat: bool, parent_span,
+                       tool_names: frozenset[str] = frozenset()):
+        """Answer an OpenAI request: one JSON body, or a stream of server-sent events. With
+        `tool_names`, the answer's calls of those tools become tool_calls."""
+        shape = ReplyShape(chat, body.requested_logprobs(), body.include_usage(), tool_names)
         if body.stream:
             return await self.stream(job, shape, parent_span)
         answer = await self.generate(job, shape, parent_span)
         choice = {"index": 0, "finish_reason": FINISH_REASONS[answer.final.finish_reason],
                   "logprobs": merge_logprobs(answer.logprob_parts)}
-        if chat:
+        if chat and tool_names:
+            content, calls = read_answer(answer.text, tool_names)
+            choice["message"] = {"role": "assistant", "content": content or None,
+                                 "tool_calls": [call.body() for call in calls] or None}
+            choice["finish_reason"] = tool_finish_reason(choice["finish_reason"], calls)
+        elif chat:
             choice["message"] = {"role": "assistant", "content": answer.text}
         else:
             choice["text"] = answer.text
@@ -285,6 +295,7 @@ class Gateway:
     async def _events(self, opened, job: Job, shape: "ReplyShape", outcome: RequestOutcome, epilogue):
         created = int(time.time())
         logprobs = LogprobsBuilder(self.tokenizer, shape.chat)
+        calls = ToolCallReader(shape.tool_names) if shape.tool_names else None
         status = 499  # unless it ends otherwise: the client went away
         text = ""
         try:
@@ -296,7 +307,10 @@ class Gateway:
                     part = logprobs.build(_trim(message.delta.logprobs, shape.logprobs))
                     delta = message.delta.text
                     text += delta
-                    if shape.chat:
+                    if calls is not None:
+                        for payload in tool_call_chunks(job, created, calls, *calls.push(delta), part):
+                            yield sse(payload)
+                    elif shape.chat:
                         yield sse(chat_chunk(job.request_id, created, job.model, {"content": delta}, logprobs=part))
                     else:
                         yield sse(text_chunk(job.request_id, created, job.model, delta, logprobs=part))
@@ -304,6 +318,10 @@ class Gateway:
                 final = message.final
                 outcome.finished(final)
                 reason = FINISH_REASONS[final.finish_reason]
+                if calls is not None:
+                    for payload in tool_call_chunks(job, created, calls, calls.finish(), []):
+                        yield sse(payload)
+                    reason = tool_finish_reason(reason, calls.calls)
                 if shape.chat:
                     yield sse(chat_chunk(job.request_id, created, job.model, {}, reason))
                 else:
@@ -335,6 +353,7 @@ class ReplyShape:
     chat: bool  # chat.completion objects, or text_completion ones
     logprobs: int | None = None  # alternatives per token the client asked for; None: no logprobs
     include_usage: bool = False  # a last stream event with the usage
+    tool_names: frozenset[str] = frozenset()  # the answer's calls of these tools become tool_calls
 
 
 @dataclass
@@ -342,6 +361,16 @@ class Answer:
     text: str = ""
     logprob_parts: list = field(default_factory=list)
     final: k25_pb2.Final | None = None
+
+
+def tool_call_chunks(job: Job, created: int, reader: ToolCallReader, content: str, calls: list, logprobs=None):
+    """The stream chunks of what a ToolCallReader gave out: content, then each call whole, in
+    OpenAI's delta shape (the index counts the answer's calls)."""
+    if content or logprobs:
+        yield chat_chunk(job.request_id, created, job.model, {"content": content}, logprobs=logprobs)
+    first = len(reader.calls) - len(calls)
+    for index, call in enumerate(calls, start=first):
+        yield chat_chunk(job.request_id, created, job.model, {"tool_calls": [{"index": index, **call.body()}]})
 
 
 def _trim(logprobs, wanted: int | None):
