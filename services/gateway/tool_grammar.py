@@ -12,6 +12,9 @@ from services.gateway.structured_fields import Tool
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
+# calls one answer may make: a small model would otherwise repeat calls until max_tokens
+MAX_PARALLEL_CALLS = 8
+
 # free text that never opens a call, and free text up to and including the first opening
 _AUTO_LEXEMES = r"""TEXT: /(.|\n)*/ & ~/(.|\n)*<tool_call>(.|\n)*/
 OPEN: /(.|\n)*<tool_call>\n/ & ~/(.|\n)*<tool_call>(.|\n)*<tool_call>(.|\n)*/
@@ -30,9 +33,9 @@ def call_schema(tools: list[Tool]) -> dict:
 
 
 def tool_call_grammar(tools: list[Tool], parallel: bool, free_text: bool) -> str:
-    """Calls of `tools` only (one, or one or more when `parallel`), or with `free_text` an
-    answer in text that may end in such calls."""
-    more = f'("\\n{OPEN}\\n" call_body "\\n{CLOSE}")*' if parallel else ""
+    """Calls of `tools` only (one, or up to MAX_PARALLEL_CALLS when `parallel`), or with
+    `free_text` an answer in text that may end in such calls."""
+    more = f'("\\n{OPEN}\\n" call_body "\\n{CLOSE}") ~ 0..{MAX_PARALLEL_CALLS - 1}' if parallel else ""
     body = f"call_body: %json {json.dumps(call_schema(tools), separators=(',', ':'))}\n"
     if free_text:
         return f'start: TEXT | OPEN call_body "\\n{CLOSE}" {more}\n{_AUTO_LEXEMES}{body}'
