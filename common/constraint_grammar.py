@@ -1,6 +1,6 @@
 """A structured-output constraint (the wire's Constraint) in llguidance's terms, shared by the
 gateway, which checks that it compiles, and the engine, which compiles it to mask tokens.
-Import it only where llguidance is installed (the gateway's and the engine's extras)."""
+llguidance is a dependency of the shared base: the constraint means the same on both sides."""
 
 import llguidance
 
