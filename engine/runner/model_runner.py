@@ -24,6 +24,7 @@ from engine.runner.block_tables import BlockTables
 from engine.runner.decode_graphs import DecodeGraphs, StaticDecodeBatch, capture_sizes, graphs_enabled
 from engine.runner.forward_batch import host_batch, to_device
 from engine.runner.memory_budget import fit_max_chunk_per_gpu
+from engine.runner.penalties import apply_penalties
 from engine.runner.sampler import make_generator, sample
 from engine.structured.grammar_cache import GrammarCache
 from engine.structured.token_masks import ConstrainedRequests
@@ -103,6 +104,8 @@ class ModelRunner:
             logits = self.decode_graphs.run(host) if self.decode_graphs is not None else None
             if logits is None:
                 logits = self.model.forward(to_device(host, self.config.block_size, self.device), self.kv)
+            apply_penalties(logits, [seq.sampling for seq in host.sampled], [seq.prompt_token_ids for seq in host.sampled],
+                            [seq.output_token_ids for seq in host.sampled])
             failed = self._mask(logits, host.sampled)
             sampled = sample(
                 logits, [seq.sampling for seq in host.sampled], [self._generators[seq.request_id] for seq in host.sampled]

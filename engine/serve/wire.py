@@ -51,6 +51,10 @@ def sampling_from_proto(sampling: k25_pb2.SamplingParams) -> SamplingParams:
         ignore_eos=sampling.ignore_eos,
         logprobs=sampling.logprobs or None,
         constraint=_constraint(sampling.constraint) if sampling.HasField("constraint") else None,
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+        repetition_penalty=sampling.repetition_penalty or 1.0,  # proto3's default 0 means "off"
+        logit_bias=tuple(sorted(sampling.logit_bias.items())),
     )
 
 

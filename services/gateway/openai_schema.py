@@ -125,10 +125,12 @@ class SamplingFields(UnicodeBody):
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=0, lt=2**63)
     user: str | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0,
+                                      description="K25 extension: >1 discourages the prompt's and answer's tokens (1 = off)")
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = Field(None, max_length=300)
     # OpenAI fields K25 does not honour: refused when set, never dropped
-    logit_bias: dict | None = None
     functions: list | None = None
     function_call: str | dict | None = None
     prediction: dict | None = None
@@ -149,14 +151,14 @@ class SamplingFields(UnicodeBody):
             raise ValueError("only n=1 is supported")
         return n
 
-    @field_validator("presence_penalty", "frequency_penalty")
+    @field_validator("logit_bias")
     @classmethod
-    def _no_penalty(cls, value: float) -> float:
-        if value != 0.0:
-            raise ValueError("presence and frequency penalties are not supported; leave them at 0")
-        return value
+    def _token_ids(cls, bias):
+        if bias and not all(key.isdigit() for key in bias):
+            raise ValueError("logit_bias keys must be token ids")
+        return bias
 
-    @field_validator("logit_bias", "functions", "function_call", "prediction", "audio")
+    @field_validator("functions", "function_call", "prediction", "audio")
     @classmethod
     def _not_honoured(cls, value, info):
         if value:

@@ -192,6 +192,12 @@ class Gateway:
         )
         if body.seed is not None:
             sampling.seed = body.seed
+        bias = {int(token): value for token, value in (body.logit_bias or {}).items()}
+        if any(token >= self.tokenizer.vocab_size for token in bias):
+            raise invalid_request(f"logit_bias token ids must be in [0, {self.tokenizer.vocab_size})", "logit_bias")
+        sampling.logit_bias.update(bias)
+        sampling.presence_penalty, sampling.frequency_penalty = body.presence_penalty, body.frequency_penalty
+        sampling.repetition_penalty = body.repetition_penalty
         return Job(
             request_id=f"{prefix}-{uuid.uuid4().hex}", tenant=caller.tenant, model=body.model, prompt_token_ids=prompt_ids,
             sampling=sampling, deadline=time.time() + s.request_timeout_s if deadline is None else deadline, adapter=adapter,

@@ -191,7 +191,7 @@ BAD_REQUESTS = {
                                     "messages[1].tool_call_id", "call_x"),
     "named tool not among tools": ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
                                    "tool_choice", "nope"),
-    "logit_bias": ({"logit_bias": {"42": 10}}, "logit_bias", "not supported"),
+    "functions": ({"functions": [{"name": "f"}]}, "functions", "use tools"),
 }
 
 
@@ -205,3 +205,13 @@ def test_what_cannot_be_honoured_is_a_fast_400_naming_the_field(client, case):
     assert error["param"] == param and words in error["message"], error
     # the engine serves on
     assert client.chat.completions.create(model=MODEL, messages=WEATHER_QUESTION, max_tokens=2).choices[0].message.content
+
+
+def test_logit_bias_and_penalties_reach_the_engine(client):
+    forced = client.chat.completions.create(model=MODEL, messages=WEATHER_QUESTION, max_tokens=4, temperature=0,
+                                            logit_bias={"330": 100}, logprobs=True)
+    assert [t.token for t in forced.choices[0].logprobs.content] == [forced.choices[0].logprobs.content[0].token] * 4
+    plain = client.chat.completions.create(model=MODEL, messages=WEATHER_QUESTION, max_tokens=24, temperature=0)
+    penalised = client.chat.completions.create(model=MODEL, messages=WEATHER_QUESTION, max_tokens=24, temperature=0,
+                                               frequency_penalty=2.0, presence_penalty=2.0, repetition_penalty=1.5)
+    assert penalised.choices[0].message.content != plain.choices[0].message.content
