@@ -90,6 +90,7 @@ class Gateway:
             self.chunker = ChunkerClient(address, timeout_s=s.chunker_timeout_s, curve_secret_key=s.curve_secret_key)
         await self.registry.refresh()
         self.accounting.known_pools.update(self.registry.pools)
+        await asyncio.to_thread(lambda: self.grammars.ll_tokenizer)  # built once, before a request waits on it
         self.kv_events.start()
         self._tasks = [asyncio.create_task(self._refresh_loop()), asyncio.create_task(self._flush_loop())]
         self.started = True
