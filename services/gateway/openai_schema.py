@@ -154,7 +154,7 @@ class SamplingFields(UnicodeBody):
     @field_validator("logit_bias")
     @classmethod
     def _token_ids(cls, bias):
-        if bias and not all(key.isdigit() for key in bias):
+        if bias and not all(key.isascii() and key.isdigit() for key in bias):
             raise ValueError("logit_bias keys must be token ids")
         return bias
 

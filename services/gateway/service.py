@@ -26,6 +26,7 @@ from services.gateway.dispatch import Dispatcher, EngineLost, Job, demand_pool
 from services.gateway.engine_client import EngineConnections
 from services.gateway.engine_errors import RecentErrors
 from services.gateway.errors import OpenAIError, internal_error, invalid_request, overloaded
+from services.gateway.grammar_check import GrammarChecker
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_schema import SamplingFields
 from services.gateway.kv_event_listener import KVEventListener
@@ -46,7 +47,6 @@ from services.gateway.responses import (
 )
 from services.gateway.routing import largest_context
 from services.gateway.settings import GatewaySettings
-from services.gateway.grammar_check import GrammarChecker
 from services.gateway.tool_calls import ToolCallReader, read_answer, tool_finish_reason
 
 log = logging.getLogger(__name__)

@@ -85,6 +85,7 @@ def test_no_engine_is_503_with_retry_after(client):
     ({**CHAT, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({**CHAT, "presence_penalty": 2.5}, "presence_penalty"),
     ({**CHAT, "logit_bias": {"x": 1}}, "logit_bias"),
+    ({**CHAT, "logit_bias": {"\u00b2": 1}}, "logit_bias"),
     ({**CHAT, "logit_bias": {"5": 101}}, "logit_bias.5"),
     ({**CHAT, "logit_bias": {"1000000": 1}}, "logit_bias"),
     ({**CHAT, "functions": [{"name": "f"}]}, "functions"),

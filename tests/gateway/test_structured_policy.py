@@ -154,3 +154,20 @@ def test_what_cannot_be_honoured_is_refused_naming_the_field(tokenizer, fields, 
     with pytest.raises(OpenAIError) as refused:
         _plan(tokenizer, **fields)
     assert refused.value.status == 400 and refused.value.param == param
+
+
+def test_the_gateway_s_compile_check(tokenizer):
+    import asyncio
+
+    from proto import k25_pb2
+    from services.gateway.grammar_check import GrammarChecker
+
+    checker = GrammarChecker(tokenizer)
+    good = k25_pb2.Constraint(json_schema='{"type": "object"}')
+    assert asyncio.run(checker.check(good)) is None
+    assert asyncio.run(checker.check(good)) is None  # remembered
+    assert "strng" in asyncio.run(checker.check(k25_pb2.Constraint(json_schema='{"type": "strng"}')))
+    assert asyncio.run(checker.check(k25_pb2.Constraint(json_schema="{")))  # not even JSON
+    assert asyncio.run(checker.check(k25_pb2.Constraint())) == "the constraint is empty"
+    hurried = GrammarChecker(tokenizer, timeout_s=0)
+    assert "did not compile within 0 s" in asyncio.run(hurried.check(k25_pb2.Constraint(regex="a+")))
