@@ -213,5 +213,5 @@ def test_logit_bias_and_penalties_reach_the_engine(client):
     assert [t.token for t in forced.choices[0].logprobs.content] == [forced.choices[0].logprobs.content[0].token] * 4
     plain = client.chat.completions.create(model=MODEL, messages=WEATHER_QUESTION, max_tokens=24, temperature=0)
     penalised = client.chat.completions.create(model=MODEL, messages=WEATHER_QUESTION, max_tokens=24, temperature=0,
-                                               frequency_penalty=2.0, presence_penalty=2.0, repetition_penalty=1.5)
+                                               frequency_penalty=2.0, presence_penalty=2.0, extra_body={"repetition_penalty": 1.5})
     assert penalised.choices[0].message.content != plain.choices[0].message.content
