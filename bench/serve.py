@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from bench.process_cpu import CpuMeter, ProcessGone, parse_cpu_of
 from bench.serve_stats import RequestResult, highest_qps_held, holds, max_overlap, summarize
+from bench.serve_structured import add_tool_call_deltas, is_valid, structured_body
 
 # prompt token ids are drawn from here: ids that every Llama-family vocabulary (32k tokens
 # or more) holds, past the special tokens at its start
@@ -38,6 +39,7 @@ class RequestSpec:
     send_at_s: float  # offset from the run's start
     prompt_token_ids: list[int]
     max_tokens: int
+    chat: dict | None = None  # a structured workload's chat body (serve_structured.py) instead of the prompt
 
 
 def poisson_arrivals(qps: float, duration_s: float, rng: np.random.Generator) -> np.ndarray:
@@ -54,13 +56,15 @@ def poisson_arrivals(qps: float, duration_s: float, rng: np.random.Generator) ->
 
 
 def make_workload(send_at_s, prompt_tokens: tuple[int, int], max_tokens: tuple[int, int],
-                  rng: np.random.Generator) -> list[RequestSpec]:
-    """One request per send time, prompt length and max_tokens uniform in their inclusive ranges."""
+                  rng: np.random.Generator, structured: str | None = None) -> list[RequestSpec]:
+    """One request per send time, prompt length and max_tokens uniform in their inclusive ranges;
+    with `structured`, each a chat request of that structured workload in turn instead."""
     specs = []
-    for at in send_at_s:
+    for i, at in enumerate(send_at_s):
         length = int(rng.integers(prompt_tokens[0], prompt_tokens[1] + 1))
         ids = rng.integers(*PROMPT_TOKEN_IDS, size=length).tolist()
-        specs.append(RequestSpec(float(at), ids, int(rng.integers(max_tokens[0], max_tokens[1] + 1))))
+        chat = structured_body(structured, i) if structured else None
+        specs.append(RequestSpec(float(at), [] if chat else ids, int(rng.integers(max_tokens[0], max_tokens[1] + 1)), chat))
     return specs
 
 
@@ -136,16 +140,19 @@ def _error_message(content: bytes) -> str:
 
 async def stream_completion(client: httpx.AsyncClient, url: str, model: str, spec: RequestSpec,
                             clock: Callable[[], float]) -> RequestResult:
-    """Send one streamed, greedy completion and time its token events."""
+    """Send one streamed, greedy completion (a chat one for a structured workload, whose answer is
+    then checked) and time its token events."""
     body = {
-        "model": model, "prompt": spec.prompt_token_ids, "max_tokens": spec.max_tokens, "temperature": 0,
+        "model": model, "max_tokens": spec.max_tokens, "temperature": 0,
         "stream": True, "stream_options": {"include_usage": True},
     }
+    body |= spec.chat if spec.chat else {"prompt": spec.prompt_token_ids}
     result = RequestResult(spec.send_at_s, clock(), 0.0)
     usage_tokens = None
     finished = False
+    content, calls = "", []
     try:
-        async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+        async with client.stream("POST", f"{url}/v1/{'chat/completions' if spec.chat else 'completions'}", json=body) as response:
             if response.status_code != 200:
                 result.error, result.error_message = str(response.status_code), _error_message(await response.aread())
             else:
@@ -171,10 +178,16 @@ async def stream_completion(client: httpx.AsyncClient, url: str, model: str, spe
                         details = event["usage"].get("prompt_tokens_details") or {}
                         result.cached_tokens = details.get("cached_tokens")
                     choices = event.get("choices") or []
+                    if choices and spec.chat:
+                        delta = choices[0].get("delta") or {}
+                        content += delta.get("content") or ""
+                        add_tool_call_deltas(calls, delta.get("tool_calls") or [])
                     if choices and choices[0].get("finish_reason") is None:
                         result.token_times_s.append(clock() - result.started_s)
                 if result.error is None and not finished:
                     result.error, result.error_message = "incomplete", "the stream ended without [DONE]"
+                if result.error is None and spec.chat:
+                    result.valid = is_valid(spec.chat, content, calls)
     except httpx.HTTPError as exc:
         result.error, result.error_message = type(exc).__name__, str(exc)
     result.ended_s = clock()
@@ -182,11 +195,13 @@ async def stream_completion(client: httpx.AsyncClient, url: str, model: str, spe
     return result
 
 
-async def warm_up(client: httpx.AsyncClient, url: str, model: str, prompt_tokens: int, max_tokens: int) -> None:
+async def warm_up(client: httpx.AsyncClient, url: str, model: str, prompt_tokens: int, max_tokens: int,
+                  structured: str | None = None) -> None:
     """One unmeasured request, the largest of the workload, before a run: the first engine step and
     the first connection are not what a run measures, and a workload the gateway refuses
     stops here with its reason rather than as a run of failures."""
-    spec = RequestSpec(0.0, list(range(PROMPT_TOKEN_IDS[0], PROMPT_TOKEN_IDS[0] + prompt_tokens)), max_tokens)
+    spec = RequestSpec(0.0, list(range(PROMPT_TOKEN_IDS[0], PROMPT_TOKEN_IDS[0] + prompt_tokens)), max_tokens,
+                       structured_body(structured, 0) if structured else None)
     result = await stream_completion(client, url, model, spec, time.perf_counter)
     if result.error is not None:
         raise CannotBenchmark(f"a first, unmeasured request ({prompt_tokens} prompt tokens, max_tokens {max_tokens}) failed "
@@ -308,13 +323,13 @@ async def _run_mode(args, sweep: list[float] | None) -> dict:
     async with http_client(args.timeout) as client:
         model = await served_model(client, url, args.model)
         longest = args.prompt_tokens[1] + (args.document_tokens if args.documents else 0)
-        await warm_up(client, url, model, longest, args.max_tokens[1])
+        await warm_up(client, url, model, longest, args.max_tokens[1], args.structured)
         report = {"url": url, "model": model, "seed": args.seed, "prompt_tokens": list(args.prompt_tokens),
-                  "max_tokens": list(args.max_tokens)}
+                  "max_tokens": list(args.max_tokens), "structured": args.structured}
 
         def workload(send_at_s) -> list[RequestSpec]:
             rng = np.random.default_rng(args.seed)
-            return make_workload(send_at_s(rng), tuple(args.prompt_tokens), tuple(args.max_tokens), rng)
+            return make_workload(send_at_s(rng), tuple(args.prompt_tokens), tuple(args.max_tokens), rng, args.structured)
 
         if sweep is not None:
             levels = []
@@ -385,6 +400,8 @@ def _summary_lines(s: dict) -> list[str]:
     share = s["cached_share"]
     lines.append(f"prefix cache  {share:.1%} of prompt tokens reported cached" if share is not None
                  else "prefix cache  the server reported no cached tokens (prompt_tokens_details)")
+    if s.get("valid_share") is not None:
+        lines.append(f"valid         {s['valid_share']:.1%} of the structured answers validate")
     for key, name in (("ttft_ms", "TTFT"), ("itl_ms", "inter-token"), ("e2e_ms", "end-to-end"), ("send_lag_ms", "send lag")):
         stats = s[key]
         lines.append(f"  {name:12s}" + "".join(_ms(stats[k]) for k in ("p50", "p95", "p99", "mean", "max")))

@@ -17,6 +17,7 @@ class RequestResult:
     error_message: str = ""
     prompt_tokens: int = 0  # as the server's usage reported them
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens; None when not reported
+    valid: bool | None = None  # a structured answer that holds (serve_structured.is_valid); None: not checked
 
     @property
     def ttft_s(self) -> float | None:
@@ -81,7 +82,17 @@ def summarize(results: list[RequestResult], wall_s: float) -> dict:
         "e2e_ms": latency_ms([r.ended_s - r.started_s for r in ok]),
         "send_lag_ms": latency_ms([r.started_s - r.send_at_s for r in results]),
         "cached_share": cached_share(ok),
+        "valid_share": valid_share(results),
     }
+
+
+def valid_share(results: list[RequestResult]) -> float | None:
+    """The share of checked requests whose structured answer holds (a failed request does not);
+    None when no answer was checked."""
+    checked = [r for r in results if r.valid is not None or r.error is not None]
+    if not any(r.valid is not None for r in results):
+        return None
+    return sum(bool(r.valid) for r in checked) / len(checked)
 
 
 def cached_share(results: list[RequestResult]) -> float | None:

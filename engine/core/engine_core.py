@@ -189,6 +189,9 @@ class EngineCore:
         outputs = []
         token_time = time.monotonic()
         for seq, token in sampled:
+            if token.error is not None:
+                outputs.append(self._finish(seq, FinishReason.ERROR, token.error))
+                continue
             if seq.first_token_time is None:
                 seq.first_token_time = token_time
             seq.output_token_ids.append(token.token_id)

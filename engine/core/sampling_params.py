@@ -5,6 +5,18 @@ from dataclasses import dataclass
 from engine.base.errors import EngineError, ErrorCode
 
 MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS_TOKENS = 300  # OpenAI's limit
+
+CONSTRAINT_KINDS = ("json_schema", "regex", "lark")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What a constrained answer must match (engine/structured/ compiles it): a JSON Schema as
+    JSON text, a regex, or a Lark grammar in llguidance's dialect."""
+
+    kind: str
+    text: str
 
 
 @dataclass(frozen=True)
@@ -18,6 +30,16 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # None = none; N >= 0: chosen token plus the top N
+    constraint: Constraint | None = None  # None: free text
+    presence_penalty: float = 0.0  # OpenAI's, on the answer's tokens
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # 1 = off; on the prompt's and the answer's tokens
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+
+    @property
+    def penalised(self) -> bool:
+        """Whether logits change before sampling (penalties or biases)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0 or self.logit_bias)
 
     @property
     def greedy(self) -> bool:
@@ -42,6 +64,17 @@ class SamplingParams:
             problems.append("stop strings must not be empty")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             problems.append(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                problems.append(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not 0.0 < self.repetition_penalty <= 10.0:
+            problems.append(f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS_TOKENS:
+            problems.append(f"logit_bias holds {len(self.logit_bias)} tokens; at most {MAX_LOGIT_BIAS_TOKENS}")
+        if any(not 0 <= t < vocab_size or not -100.0 <= b <= 100.0 for t, b in self.logit_bias):
+            problems.append(f"logit_bias needs token ids in [0, {vocab_size}) and biases in [-100, 100]")
+        if self.constraint is not None and self.constraint.kind not in CONSTRAINT_KINDS:
+            problems.append(f"constraint kind must be one of {', '.join(CONSTRAINT_KINDS)}, got {self.constraint.kind!r}")
         if problems:
             raise EngineError(ErrorCode.INVALID_ARGUMENT, "; ".join(problems))
 
@@ -53,3 +86,4 @@ class SampledToken:
     token_id: int
     logprob: float | None = None  # of the chosen token, when logprobs were asked for
     top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), best first
+    error: EngineError | None = None  # no token: the request fails (e.g. its constraint does not compile)

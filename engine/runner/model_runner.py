@@ -10,7 +10,7 @@ import torch
 from common.quant_spec import NO_QUANT, QuantSpecError, parse_quant_spec
 from engine.attention.kv_cache import KVCache
 from engine.base.config import EngineConfig
-from engine.base.errors import EngineConfigError
+from engine.base.errors import EngineConfigError, EngineError
 from engine.core.sampling_params import SampledToken
 from engine.core.scheduler import ScheduledBatch
 from engine.core.sequence import Sequence
@@ -24,7 +24,10 @@ from engine.runner.block_tables import BlockTables
 from engine.runner.decode_graphs import DecodeGraphs, StaticDecodeBatch, capture_sizes, graphs_enabled
 from engine.runner.forward_batch import host_batch, to_device
 from engine.runner.memory_budget import fit_max_chunk_per_gpu
+from engine.runner.penalties import apply_penalties
 from engine.runner.sampler import make_generator, sample
+from engine.structured.grammar_cache import GrammarCache
+from engine.structured.token_masks import ConstrainedRequests
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +69,8 @@ class ModelRunner:
             capture_sizes(config.max_num_seqs),
         ) if graphs else None
         self._generators: dict[str, torch.Generator] = {}
+        self._tokenizer = model.tokenizer
+        self._constrained: ConstrainedRequests | None = None  # built with the first constraint
         # test and fault-injection seam (`k25 engine --inject-step-failures-while`): called with the batch
         # just before the forward; an exception from it fails the step as a failing forward would
         self.before_forward: Callable[[ScheduledBatch], None] | None = None
@@ -77,6 +82,10 @@ class ModelRunner:
 
     def add(self, seq: Sequence) -> None:
         self._generators[seq.request_id] = make_generator(seq.sampling.seed, self.device)
+        if seq.sampling.constraint is not None:
+            if self._constrained is None:
+                self._constrained = ConstrainedRequests(GrammarCache(self._tokenizer), self.vocab_size)
+            self._constrained.add(seq.request_id, seq.sampling.constraint)
 
     def forget_blocks(self, request_id: str) -> None:
         self.block_tables.remove(request_id)
@@ -84,6 +93,8 @@ class ModelRunner:
     def finish(self, request_id: str) -> None:
         self.block_tables.remove(request_id)
         del self._generators[request_id]
+        if self._constrained is not None:
+            self._constrained.drop(request_id)
 
     def execute(self, batch: ScheduledBatch) -> list[tuple[Sequence, SampledToken]]:
         host = host_batch(batch.items, self.block_tables, self.config.block_size)
@@ -93,7 +104,37 @@ class ModelRunner:
             logits = self.decode_graphs.run(host) if self.decode_graphs is not None else None
             if logits is None:
                 logits = self.model.forward(to_device(host, self.config.block_size, self.device), self.kv)
+            apply_penalties(logits, [seq.sampling for seq in host.sampled], [seq.prompt_token_ids for seq in host.sampled],
+                            [seq.output_token_ids for seq in host.sampled])
+            failed = self._mask(logits, host.sampled)
             sampled = sample(
                 logits, [seq.sampling for seq in host.sampled], [self._generators[seq.request_id] for seq in host.sampled]
             )
+        self._advance(host.sampled, sampled, failed)
         return list(zip(host.sampled, sampled))
+
+    def _mask(self, logits: torch.Tensor, rows: list[Sequence]) -> dict[int, EngineError]:
+        """Mask the constrained rows' logits; the rows whose constraint failed to compile, with why."""
+        if self._constrained is None:
+            return {}
+        matchers, failed = [], {}
+        for row, seq in enumerate(rows):
+            if seq.request_id in self._constrained:
+                try:
+                    matchers.append((self._constrained.matcher(seq.request_id), row))
+                except EngineError as error:
+                    failed[row] = error
+        if matchers:
+            self._constrained.mask_logits(logits, matchers)
+        return failed
+
+    def _advance(self, rows: list[Sequence], sampled: list[SampledToken], failed: dict[int, EngineError]) -> None:
+        """Each constrained row's matcher consumes its token; a failed row carries its error instead."""
+        if self._constrained is None:
+            return
+        for row, seq in enumerate(rows):
+            error = failed.get(row)
+            if error is None and seq.request_id in self._constrained:
+                error = self._constrained.consume(self._constrained.matcher(seq.request_id), sampled[row].token_id)
+            if error is not None:
+                sampled[row] = SampledToken(sampled[row].token_id, error=error)

@@ -9,7 +9,7 @@ from google.protobuf.message import DecodeError
 
 from engine.base.errors import EngineError, ErrorCode
 from engine.core.request import EngineRequest, RequestOutput, Timings, Usage
-from engine.core.sampling_params import SampledToken, SamplingParams
+from engine.core.sampling_params import Constraint, SampledToken, SamplingParams
 from engine.core.sequence import FinishReason
 from engine.lora.adapter import AdapterRef
 from proto import k25_pb2
@@ -50,7 +50,19 @@ def sampling_from_proto(sampling: k25_pb2.SamplingParams) -> SamplingParams:
         stop=tuple(sampling.stop),
         ignore_eos=sampling.ignore_eos,
         logprobs=sampling.logprobs or None,
+        constraint=_constraint(sampling.constraint) if sampling.HasField("constraint") else None,
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+        repetition_penalty=sampling.repetition_penalty or 1.0,  # proto3's default 0 means "off"
+        logit_bias=tuple(sorted(sampling.logit_bias.items())),
     )
+
+
+def _constraint(constraint: k25_pb2.Constraint) -> Constraint:
+    kind = constraint.WhichOneof("kind")
+    if kind is None:
+        raise EngineError(ErrorCode.INVALID_ARGUMENT, "the constraint is set but empty")
+    return Constraint(kind, getattr(constraint, kind))
 
 
 def request_from_proto(request: k25_pb2.GenerateRequest) -> EngineRequest:

@@ -77,6 +77,10 @@ def register(subparsers) -> None:
     p.add_argument("--documents", type=int, metavar="D",
                    help="document QA (with --qps): D documents, --questions about each, every prompt a whole document "
                    "and then a question of --prompt-tokens tokens; reports the share of prompt tokens served from cache")
+    p.add_argument("--structured", choices=["json", "tools", "free"],
+                   help="chat requests of a structured workload instead of token-id prompts: a mix of JSON schemas "
+                   "(json), of tool calls with tool_choice required (tools), or the json questions unconstrained "
+                   "(free, the baseline); reports the share of answers that validate")
     p.add_argument("--questions", type=int, default=4, metavar="Q", help="questions per document (default 4)")
     p.add_argument("--document-tokens", type=int, default=2000, help="tokens per document (default 2000)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")

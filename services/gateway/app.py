@@ -18,6 +18,7 @@ from services.gateway.openai_schema import (
 )
 from services.gateway.request_id import RequestIdMiddleware
 from services.gateway.service import Gateway
+from services.gateway.structured_request import constraint_refused, plan_structured
 from services.gateway.tracing_middleware import TracingMiddleware
 
 STARTED_AT = int(time.time())
@@ -54,10 +55,17 @@ def create_app(gateway: Gateway, api_keys: ApiKeys | ApiKeysFile | None = None) 
     async def chat_completions(request: Request, body: ChatCompletionRequest, caller: Caller = Depends(caller)):
         ticket = request.state.ticket
         ticket.reserve(body.reserved_tokens(gateway.settings.default_max_tokens))  # before any tokenising
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
-        job = gateway.make_job(body, await gateway.encoder.encode_chat(messages), caller, "chatcmpl")
+        plan = plan_structured(body, gateway.tokenizer.chat_template)
+        if plan.constraint is not None:
+            why = await gateway.grammars.check(plan.constraint)
+            if why is not None:
+                raise constraint_refused(plan.constraint_param, why)
+        prompt_ids = await gateway.encoder.encode_chat(plan.messages, **plan.template_kwargs)
+        job = gateway.make_job(body, prompt_ids, caller, "chatcmpl")
+        if plan.constraint is not None:
+            job.sampling.constraint.CopyFrom(plan.constraint)
         ticket.use(len(job.prompt_token_ids) + job.sampling.max_tokens)
-        return await unless_client_leaves(request, gateway.complete(body, job, True, request.state.span))
+        return await unless_client_leaves(request, gateway.complete(body, job, True, request.state.span, plan.tool_names))
 
     @app.post("/v1/completions", response_model=Completion, responses=_ERRORS)
     async def completions(request: Request, body: CompletionRequest, caller: Caller = Depends(caller)):

@@ -12,6 +12,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from services.gateway.structured_fields import ResponseFormat, Tool, ToolCall, ToolChoice
+
 
 # characters per token when a prompt's tokens are estimated before tokenising (as OpenAI's rate limits do)
 CHARS_PER_TOKEN = 4
@@ -74,13 +76,33 @@ class TextPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # the call a tool message answers
+
+    @model_validator(mode="after")
+    def _tool_fields(self):
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        return self
 
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(part.text for part in self.content)
         return self.content or ""
+
+    def template_dict(self) -> dict:
+        """The message as a chat template takes it (a developer message is a system one)."""
+        message = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id:
+            message["tool_call_id"] = self.tool_call_id
+        return message
 
 
 class StreamOptions(BaseModel):
@@ -103,8 +125,17 @@ class SamplingFields(UnicodeBody):
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=0, lt=2**63)
     user: str | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0,
+                                      description="K25 extension: >1 discourages the prompt's and answer's tokens (1 = off)")
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = Field(None, max_length=300)
+    # OpenAI fields K25 does not honour: refused when set, never dropped
+    functions: list | None = None
+    function_call: str | dict | None = None
+    prediction: dict | None = None
+    audio: dict | None = None
+    modalities: list[str] | None = None
 
     @field_validator("top_p")
     @classmethod
@@ -120,12 +151,27 @@ class SamplingFields(UnicodeBody):
             raise ValueError("only n=1 is supported")
         return n
 
-    @field_validator("presence_penalty", "frequency_penalty")
+    @field_validator("logit_bias")
     @classmethod
-    def _no_penalty(cls, value: float) -> float:
-        if value != 0.0:
-            raise ValueError("presence and frequency penalties are not supported; leave them at 0")
+    def _token_ids(cls, bias):
+        if bias and not all(key.isascii() and key.isdigit() for key in bias):
+            raise ValueError("logit_bias keys must be token ids")
+        return bias
+
+    @field_validator("functions", "function_call", "prediction", "audio")
+    @classmethod
+    def _not_honoured(cls, value, info):
+        if value:
+            hint = "; use tools and tool_choice" if info.field_name in ("functions", "function_call") else ""
+            raise ValueError(f"{info.field_name} is not supported by K25{hint}")
         return value
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_only(cls, modalities):
+        if modalities and modalities != ["text"]:
+            raise ValueError("K25 answers in text only: modalities must be [\"text\"]")
+        return modalities
 
     @field_validator("stop")
     @classmethod
@@ -151,6 +197,10 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -159,7 +209,8 @@ class ChatCompletionRequest(SamplingFields):
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def estimated_prompt_tokens(self) -> int:
-        return sum(estimated_tokens(m.text()) for m in self.messages)
+        tools = sum(estimated_tokens(t.model_dump_json()) for t in self.tools or ())
+        return tools + sum(estimated_tokens(m.text()) for m in self.messages)
 
 
 NonEmptyText = Annotated[str, Field(min_length=1)]
@@ -227,7 +278,8 @@ class Usage(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):

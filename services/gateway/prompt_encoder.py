@@ -3,6 +3,7 @@ small pool of threads (the tokenizers library releases the GIL while it encodes)
 long prompt never stalls the other requests' streams."""
 
 import asyncio
+import functools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,11 +27,12 @@ class PromptEncoder:
     async def encode(self, text: str) -> list[int]:
         return await self._run(self.tokenizer.encode, text)
 
-    async def encode_chat(self, messages: list[dict]) -> list[int]:
-        """The ids of the conversation rendered with the model's chat template, or 400 when the
-        template refuses it (its own message is for the client; any other failure is logged)."""
+    async def encode_chat(self, messages: list[dict], **template_kwargs) -> list[int]:
+        """The ids of the conversation rendered with the model's chat template (given
+        `template_kwargs`, e.g. tools), or 400 when the template refuses it (its own message is
+        for the client; any other failure is logged)."""
         try:
-            return await self._run(self.tokenizer.encode_chat, messages)
+            return await self._run(functools.partial(self.tokenizer.encode_chat, **template_kwargs), messages)
         except jinja2.TemplateError as exc:
             if type(exc) is jinja2.TemplateError:  # the template's raise_exception(message)
                 raise invalid_request(f"messages cannot be rendered with the model's chat template: {exc}",

@@ -26,6 +26,7 @@ from services.gateway.dispatch import Dispatcher, EngineLost, Job, demand_pool
 from services.gateway.engine_client import EngineConnections
 from services.gateway.engine_errors import RecentErrors
 from services.gateway.errors import OpenAIError, internal_error, invalid_request, overloaded
+from services.gateway.grammar_check import GrammarChecker
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_schema import SamplingFields
 from services.gateway.kv_event_listener import KVEventListener
@@ -47,6 +48,7 @@ from services.gateway.responses import (
 from services.gateway.routing import largest_context
 from services.gateway.settings import GatewaySettings
 from services.gateway.shared_limits import exchange
+from services.gateway.tool_calls import ToolCallReader, read_answer, tool_finish_reason
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,7 @@ class Gateway:
         self.gateway_id = uuid.uuid4().hex  # this process's name among the replicas sharing tenant limits
         self._limits_shared = True
         self.encoder = PromptEncoder(tokenizer, settings.tokenizer_threads, self.metrics.tokenize_seconds)
+        self.grammars = GrammarChecker(tokenizer)
         self.prefix_index = PrefixIndex(settings.prefix_index_max_blocks)
         self.kv_events = KVEventListener(redis_client, settings.release, self.prefix_index)
         self.inflight = 0
@@ -90,6 +93,7 @@ class Gateway:
             self.chunker = ChunkerClient(address, timeout_s=s.chunker_timeout_s, curve_secret_key=s.curve_secret_key)
         await self.registry.refresh()
         self.accounting.known_pools = set(self.registry.pools)
+        await asyncio.to_thread(lambda: self.grammars.ll_tokenizer)  # built once, before a request waits on it
         self.kv_events.start()
         self._tasks = [asyncio.create_task(self._refresh_loop()), asyncio.create_task(self._flush_loop())]
         self.started = True
@@ -207,21 +211,34 @@ class Gateway:
         )
         if body.seed is not None:
             sampling.seed = body.seed
+        bias = {int(token): value for token, value in (body.logit_bias or {}).items()}
+        if any(token >= self.tokenizer.vocab_size for token in bias):
+            raise invalid_request(f"logit_bias token ids must be in [0, {self.tokenizer.vocab_size})", "logit_bias")
+        sampling.logit_bias.update(bias)
+        sampling.presence_penalty, sampling.frequency_penalty = body.presence_penalty, body.frequency_penalty
+        sampling.repetition_penalty = body.repetition_penalty
         return Job(
             request_id=f"{prefix}-{uuid.uuid4().hex}", tenant=caller.tenant, model=body.model, prompt_token_ids=prompt_ids,
             sampling=sampling, deadline=time.time() + s.request_timeout_s if deadline is None else deadline, adapter=adapter,
             cache_salt="" if s.share_prefix_cache_across_tenants else caller.tenant,
         )
 
-    async def complete(self, body: SamplingFields, job: Job, chat: bool, parent_span):
-        """Answer an OpenAI request: one JSON body, or a stream of server-sent events."""
-        shape = ReplyShape(chat, body.requested_logprobs(), body.include_usage())
+    async def complete(self, body: SamplingFields, job: Job, chat: bool, parent_span,
+                       tool_names: frozenset[str] = frozenset()):
+        """Answer an OpenAI request: one JSON body, or a stream of server-sent events. With
+        `tool_names`, the answer's calls of those tools become tool_calls."""
+        shape = ReplyShape(chat, body.requested_logprobs(), body.include_usage(), tool_names)
         if body.stream:
             return await self.stream(job, shape, parent_span)
         answer = await self.generate(job, shape, parent_span)
         choice = {"index": 0, "finish_reason": FINISH_REASONS[answer.final.finish_reason],
                   "logprobs": merge_logprobs(answer.logprob_parts)}
-        if chat:
+        if chat and tool_names:
+            content, calls = read_answer(answer.text, tool_names)
+            choice["message"] = {"role": "assistant", "content": content or None,
+                                 "tool_calls": [call.body() for call in calls] or None}
+            choice["finish_reason"] = tool_finish_reason(choice["finish_reason"], calls)
+        elif chat:
             choice["message"] = {"role": "assistant", "content": answer.text}
         else:
             choice["text"] = answer.text
@@ -303,6 +320,7 @@ class Gateway:
     async def _events(self, opened, job: Job, shape: "ReplyShape", outcome: RequestOutcome, epilogue):
         created = int(time.time())
         logprobs = LogprobsBuilder(self.tokenizer, shape.chat)
+        calls = ToolCallReader(shape.tool_names) if shape.tool_names else None
         status = 499  # unless it ends otherwise: the client went away
         text = ""
         try:
@@ -314,7 +332,10 @@ class Gateway:
                     part = logprobs.build(_trim(message.delta.logprobs, shape.logprobs))
                     delta = message.delta.text
                     text += delta
-                    if shape.chat:
+                    if calls is not None:
+                        for payload in tool_call_chunks(job, created, calls, *calls.push(delta), part):
+                            yield sse(payload)
+                    elif shape.chat:
                         yield sse(chat_chunk(job.request_id, created, job.model, {"content": delta}, logprobs=part))
                     else:
                         yield sse(text_chunk(job.request_id, created, job.model, delta, logprobs=part))
@@ -322,6 +343,10 @@ class Gateway:
                 final = message.final
                 outcome.finished(final)
                 reason = FINISH_REASONS[final.finish_reason]
+                if calls is not None:
+                    for payload in tool_call_chunks(job, created, calls, calls.finish(), []):
+                        yield sse(payload)
+                    reason = tool_finish_reason(reason, calls.calls)
                 if shape.chat:
                     yield sse(chat_chunk(job.request_id, created, job.model, {}, reason))
                 else:
@@ -353,6 +378,7 @@ class ReplyShape:
     chat: bool  # chat.completion objects, or text_completion ones
     logprobs: int | None = None  # alternatives per token the client asked for; None: no logprobs
     include_usage: bool = False  # a last stream event with the usage
+    tool_names: frozenset[str] = frozenset()  # the answer's calls of these tools become tool_calls
 
 
 @dataclass
@@ -360,6 +386,16 @@ class Answer:
     text: str = ""
     logprob_parts: list = field(default_factory=list)
     final: k25_pb2.Final | None = None
+
+
+def tool_call_chunks(job: Job, created: int, reader: ToolCallReader, content: str, calls: list, logprobs=None):
+    """The stream chunks of what a ToolCallReader gave out: content, then each call whole, in
+    OpenAI's delta shape (the index counts the answer's calls)."""
+    if content or logprobs:
+        yield chat_chunk(job.request_id, created, job.model, {"content": content}, logprobs=logprobs)
+    first = len(reader.calls) - len(calls)
+    for index, call in enumerate(calls, start=first):
+        yield chat_chunk(job.request_id, created, job.model, {"tool_calls": [{"index": index, **call.body()}]})
 
 
 def _trim(logprobs, wanted: int | None):

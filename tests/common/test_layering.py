@@ -38,6 +38,7 @@ ENGINE_FLOORS = {
     "engine.serve": 6,
     "engine.runner": 5,
     "engine.hardware": 4,
+    "engine.structured": 4,
     "engine.core": 3,
     "engine.model": 3,
     "engine.attention": 2,

@@ -84,7 +84,12 @@ def test_no_engine_is_503_with_retry_after(client):
     ({**CHAT, "top_p": 0}, "top_p"),
     ({**CHAT, "n": 3}, "n"),
     ({**CHAT, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
-    ({**CHAT, "presence_penalty": 0.5}, "presence_penalty"),
+    ({**CHAT, "presence_penalty": 2.5}, "presence_penalty"),
+    ({**CHAT, "logit_bias": {"x": 1}}, "logit_bias"),
+    ({**CHAT, "logit_bias": {"\u00b2": 1}}, "logit_bias"),
+    ({**CHAT, "logit_bias": {"5": 101}}, "logit_bias.5"),
+    ({**CHAT, "logit_bias": {"1000000": 1}}, "logit_bias"),
+    ({**CHAT, "functions": [{"name": "f"}]}, "functions"),
     ({**CHAT, "top_k": 2**31}, "top_k"),  # beyond the wire's int32 (found by the fuzz test: it was a 500)
 ])
 def test_bad_chat_requests_get_400_naming_the_field(client, body, param):
