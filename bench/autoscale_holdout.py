@@ -11,8 +11,7 @@ import json
 from concurrent.futures import ProcessPoolExecutor
 
 from bench.load_trace import TRACES
-from bench.simulation_summary import total, with_ratios
-from k25.commands.simulate import DEFAULT_DAYS, OTHER_DAYS, one_seed
+from bench.simulation_summary import DEFAULT_DAYS, OTHER_DAYS, one_seed, total, with_ratios
 
 WINDOW = 3
 

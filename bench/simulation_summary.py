@@ -47,3 +47,17 @@ def spread(per_seed: dict[str, dict]) -> dict[str, dict]:
             out[policy][key] = {"median": round(statistics.median(values.values()), 3), "worst": values[worst],
                                 "worst_seed": int(worst)}
     return out
+
+
+DEFAULT_DAYS = {"diurnal": 7.0}  # the simulated length of a trace; the other shapes: a quarter of a day
+OTHER_DAYS = 0.25
+
+
+def one_seed(trace, duration_s, seed, capacity, policies, keep_outcomes):
+    """One seed's summaries with their ratios to the HPA (and its counts and outcomes, for plots),
+    in a worker process of `k25 simulate` or the held-out runs."""
+    from bench.autoscale_simulation import compare
+
+    counts, outcomes = compare(trace, duration_s, seed, capacity, policies)
+    summaries = with_ratios({name: outcome.summary() for name, outcome in outcomes.items()})
+    return summaries, ((counts, outcomes) if keep_outcomes else None)

@@ -6,9 +6,8 @@ import json
 from concurrent.futures import ProcessPoolExecutor
 
 from bench.load_trace import DAY_S, TRACES
+from bench.simulation_summary import DEFAULT_DAYS, OTHER_DAYS, one_seed
 
-DEFAULT_DAYS = {"diurnal": 7.0}  # the other shapes: a quarter of a day
-OTHER_DAYS = 0.25
 DEFAULT_WORKERS = 2  # seeds run in parallel processes; a modest default for a shared machine
 
 
@@ -82,15 +81,6 @@ def run(args) -> int:
             print(f"\nover the {args.seeds} seeds: median / worst (seed)")
             print(spread_table(results["spread"]))
     return 0
-
-
-def one_seed(trace, duration_s, seed, capacity, policies, keep_outcomes):
-    from bench.autoscale_simulation import compare
-    from bench.simulation_summary import with_ratios
-
-    counts, outcomes = compare(trace, duration_s, seed, capacity, policies)
-    summaries = with_ratios({name: outcome.summary() for name, outcome in outcomes.items()})
-    return summaries, ((counts, outcomes) if keep_outcomes else None)
 
 
 def _load_or_refuse(revision: str) -> None:
