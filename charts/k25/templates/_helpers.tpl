@@ -172,7 +172,7 @@ keeps it as nil). The keys are common/engine_settings.py's fields (a test holds 
 (dict "root" $ "pool" $pool) */}}
 {{- define "k25.poolCompute" -}}
 {{- $compute := dict -}}
-{{- range $key := list "dtype" "quant" "maxNumBatchedTokens" "maxNumSeqs" "gpuMemoryUtilization" "overtakeLimitS" "prefixCaching" "cudaGraphs" -}}
+{{- range $key := list "dtype" "quant" "maxNumBatchedTokens" "maxNumSeqs" "gpuMemoryUtilization" "overtakeLimitS" "prefixCaching" "cudaGraphs" "kvHostTierGib" "kvDiskTierPath" "kvDiskTierGib" "kvTierRecencyWeight" "kvTierDecayPerS" -}}
 {{- $default := get $.root.Values.engine $key -}}
 {{- if hasKey $.pool $key -}}
 {{- $_ := set $compute $key (get $.pool $key) -}}
