@@ -119,6 +119,29 @@ SETTINGS = (
         help="on CUDA, decode steps of up to max-num-seqs sequences replay CUDA graphs captured at start (one launch "
              "a step instead of one a kernel); off: every step runs eagerly; no effect off CUDA",
     ),
+    EngineSetting(
+        "kv_host_tier_gib", "kvHostTierGib", "number", 4.0, minimum=0, metavar="GIB",
+        help="host memory (pinned on CUDA) that keeps prefix KV blocks the device evicts, so a prompt found there is "
+             "copied back instead of computed; capped at half the host memory available at start; 0: off",
+    ),
+    EngineSetting(
+        "kv_disk_tier_path", "kvDiskTierPath", "string", None, metavar="DIR",
+        help="a local directory (an emptyDir or NVMe mount) where evicted prefix KV blocks are written, checksummed, "
+             "and found again after a restart; the engine refuses to start if it is not writable; unset: no disk tier",
+    ),
+    EngineSetting(
+        "kv_disk_tier_gib", "kvDiskTierGib", "number", 16.0, minimum=0, exclusive_minimum=True, metavar="GIB",
+        help="what the disk tier's block files may take",
+    ),
+    EngineSetting(
+        "kv_tier_recency_weight", "kvTierRecencyWeight", "number", 0.5, minimum=0, maximum=1,
+        help="how the KV tiers choose what to give up: the weight of recency against frequency of use (1: least "
+             "recently used first, 0: least often used first)",
+    ),
+    EngineSetting(
+        "kv_tier_decay_per_s", "kvTierDecayPerS", "number", 0.01, minimum=0, metavar="RATE",
+        help="the rate per second at which a stored KV block's recency decays (exponentially) in the tiers' score",
+    ),
 )
 BY_NAME = {setting.name: setting for setting in SETTINGS}
 BY_FIELD = {setting.field: setting for setting in SETTINGS}

@@ -30,6 +30,12 @@ class EngineConfig:
     quant: str | None = None  # weight widths per layer type (common/quant_spec.py); None: unquantised
     cpu_memory_budget_gib: float = 2.0  # what weights + KV may use when device is cpu
     gpu_memory_utilization: float = _default("gpu_memory_utilization")  # fraction of GPU memory weights + KV may use
+    # KV tiers below the device (engine/kv_tiers/): host memory, then an optional local directory
+    kv_host_tier_gib: float = _default("kv_host_tier_gib")  # 0: off
+    kv_disk_tier_path: str | None = _default("kv_disk_tier_path")  # None: no disk tier
+    kv_disk_tier_gib: float = _default("kv_disk_tier_gib")
+    kv_tier_recency_weight: float = _default("kv_tier_recency_weight")  # eviction score (engine/core/tier_policy.py)
+    kv_tier_decay_per_s: float = _default("kv_tier_decay_per_s")
     cuda_graphs: bool = _default("cuda_graphs")  # decode steps replay captured CUDA graphs (engine/runner/decode_graphs.py); no effect off CUDA
     # LoRA adapters (engine/lora/)
     max_loras: int = 0  # adapters on the device at once; 0 turns adapters off

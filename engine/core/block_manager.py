@@ -42,6 +42,9 @@ class BlockManager:
         self.events_enabled = False
         self._stored: list[int] = []
         self._removed: list[int] = []
+        # cached blocks taken for new KV, as (hash, block), kept only while lower KV tiers take them
+        self.keep_evicted = False
+        self._evicted: list[tuple[int, int]] = []
 
     @property
     def num_free_blocks(self) -> int:
@@ -137,6 +140,12 @@ class BlockManager:
         self._stored, self._removed = [], []
         return events
 
+    def take_evicted(self) -> list[tuple[int, int]]:
+        """The cached blocks taken for new KV since the last call, as (hash, block): their KV is
+        intact until the next forward writes there, so it can be copied down a tier first."""
+        evicted, self._evicted = self._evicted, []
+        return evicted
+
     def slot(self, block_table: list[int], position: int) -> int:
         """Row of the flat KV tensor that holds `position` of this sequence."""
         return block_table[position // self.block_size] * self.block_size + position % self.block_size
@@ -147,4 +156,6 @@ class BlockManager:
             del self._block_of[h]
             if self.events_enabled:
                 self._removed.append(h)
+            if self.keep_evicted:
+                self._evicted.append((h, block))
             self.stats.evicted_blocks += 1

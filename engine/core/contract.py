@@ -39,6 +39,12 @@ class EngineLoad:
     prefix_queried_tokens: int = 0
     prefix_hit_tokens: int = 0
     prefix_evicted_blocks: int = 0
+    # KV tiers below the device (engine/core/lower_tiers.py); empty when there are none
+    kv_tier_hit_tokens: tuple[tuple[str, int], ...] = ()  # (tier, prompt tokens brought back from it)
+    kv_tier_blocks: tuple[tuple[str, int, int], ...] = ()  # (tier, blocks, bytes) held now
+    kv_tier_copied_bytes: tuple[tuple[str, int], ...] = ()  # (direction, bytes) copied between tiers
+    kv_tier_copy_seconds: float = 0.0
+    kv_tier_dropped_blocks: int = 0  # stored blocks found unreadable (checksum, truncation, I/O): recomputed
 
 
 @dataclass(frozen=True)

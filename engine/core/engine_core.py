@@ -39,8 +39,10 @@ class EngineCore:
         self.capacity_tokens = executor.capacity_tokens
         self.max_model_len = executor.max_model_len
         self.block_manager = BlockManager(executor.num_kv_blocks, config.block_size, config.prefix_caching)
+        self.lower_tiers = getattr(executor, "lower_tiers", None)  # KV tiers below the device, if any
         self.scheduler = Scheduler(
-            self.block_manager, config.max_num_batched_tokens, config.max_num_seqs, config.max_loras, config.overtake_limit_s
+            self.block_manager, config.max_num_batched_tokens, config.max_num_seqs, config.max_loras, config.overtake_limit_s,
+            self.lower_tiers,
         )
         self.output_processor = OutputProcessor(tokenizer)
         self._sequences: dict[str, Sequence] = {}
@@ -68,7 +70,20 @@ class EngineCore:
         return EngineLoad(
             running=self.num_running, waiting=self.num_waiting, kv_usage=self.kv_usage, preemptions=self.num_preemptions,
             adapters=tuple(self.adapter_keys), prefix_queried_tokens=cache.queried_tokens,
-            prefix_hit_tokens=cache.hit_tokens, prefix_evicted_blocks=cache.evicted_blocks,
+            prefix_hit_tokens=cache.hit_tokens, prefix_evicted_blocks=cache.evicted_blocks, **self._tier_load(),
+        )
+
+    def _tier_load(self) -> dict:
+        tiers = self.lower_tiers
+        if tiers is None:
+            return {}
+        s = tiers.stats
+        return dict(
+            kv_tier_hit_tokens=(("host", s.host_hit_tokens - s.disk_hit_tokens), ("disk", s.disk_hit_tokens)),
+            kv_tier_blocks=tuple((tier, blocks, nbytes) for tier, (blocks, nbytes) in tiers.tier_blocks().items()),
+            kv_tier_copied_bytes=(("to_host", s.bytes_to_host), ("to_device", s.bytes_to_device),
+                                  ("to_disk", s.bytes_to_disk), ("from_disk", s.bytes_from_disk)),
+            kv_tier_copy_seconds=s.copy_seconds, kv_tier_dropped_blocks=s.dropped_blocks,
         )
 
     def set_kv_events(self, enabled: bool) -> None:
@@ -133,8 +148,12 @@ class EngineCore:
 
     def step(self) -> StepResult:
         outputs = self._expire_deadlines()
+        if self.lower_tiers is not None:
+            self.lower_tiers.poll()
         batch = self._schedule(outputs)
         if not batch.items:
+            if self.lower_tiers is not None and self.lower_tiers.reading:
+                self.lower_tiers.poll(timeout=0.05)  # only requests waiting for disk blocks: wait for a read, not spin
             return StepResult(outputs, kv_events=self._kv_events())
         started_ns = time.time_ns()
         try:

@@ -9,6 +9,7 @@ from engine.core.scheduler import ScheduledBatch
 from engine.core.sequence import Sequence
 
 if TYPE_CHECKING:  # the adapter manager holds device tensors; the core only calls it
+    from engine.core.lower_tiers import LowerTiers
     from engine.lora.manager import AdapterManager
 
 
@@ -19,6 +20,7 @@ class ModelExecutor(Protocol):
     max_model_len: int
     vocab_size: int  # the model's (token ids at or above it are refused)
     adapters: "AdapterManager"
+    lower_tiers: "LowerTiers | None"  # KV tiers below the device (engine/kv_tiers/); None: the device's only
 
     def add(self, seq: Sequence) -> None:
         """A request joins: set up what the device keeps for it (its sampling generator)."""

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from engine.core.admission_order import ORDER_WINDOW, admission_order
 from engine.core.block_manager import BlockManager
+from engine.core.lower_tiers import DISK, HOST, LowerTiers
 from engine.core.sequence import Sequence, SequenceStatus
 
 
@@ -32,6 +33,8 @@ class ScheduledBatch:
     items: list[tuple[Sequence, int]] = field(default_factory=list)
     admitted: list[Sequence] = field(default_factory=list)  # came from the waiting queue this step
     preempted: list[Sequence] = field(default_factory=list)
+    offload: list[tuple[int, int]] = field(default_factory=list)  # (hash, device block) evicted: copy down first
+    restore: list[tuple[int, int]] = field(default_factory=list)  # (hash, device block) to fill from host memory
 
     @property
     def num_tokens(self) -> int:
@@ -41,7 +44,7 @@ class ScheduledBatch:
 class Scheduler:
     def __init__(
         self, block_manager: BlockManager, max_num_batched_tokens: int, max_num_seqs: int, max_loras: int = 0,
-        overtake_limit_s: float = 0.0,
+        overtake_limit_s: float = 0.0, lower_tiers: LowerTiers | None = None,
     ):
         if max_num_batched_tokens < 1 or max_num_seqs < 1:
             raise ValueError("the token budget and the sequence limit must be at least 1")
@@ -50,6 +53,8 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_loras = max_loras
         self.overtake_limit_s = overtake_limit_s  # 0: first come, first served
+        self.lower_tiers = lower_tiers if block_manager.prefix_caching else None
+        block_manager.keep_evicted = self.lower_tiers is not None
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
 
@@ -72,6 +77,7 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.block_manager.release(seq.block_table)
+        self._release_fetched(seq)
         seq.status = SequenceStatus.FINISHED
 
     def mark_computed(self, seq: Sequence, n: int) -> None:
@@ -101,6 +107,8 @@ class Scheduler:
             budget -= n
         if not batch.preempted:
             self._admit(batch, self.max_num_batched_tokens - batch.num_tokens)
+        if self.lower_tiers is not None:
+            batch.offload = self.block_manager.take_evicted()
         return batch
 
     def _admit(self, batch: ScheduledBatch, budget: int) -> None:
@@ -113,9 +121,12 @@ class Scheduler:
                 continue  # passed over for want of an adapter slot; keeps its place
             # looked up again, not taken from the ordering: admitting one sequence may evict blocks another found
             reuse = self._cached_prefix(seq)
-            if prefilling is not None and self._next_block_hash(seq, len(reuse)) in prefilling:
+            lower = self._lower_prefix(seq, len(reuse))
+            if lower is None:
+                continue  # its next blocks are being read from disk: it keeps its place
+            if prefilling is not None and self._next_block_hash(seq, len(reuse) + len(lower)) in prefilling:
                 continue  # a running sequence is computing it: found cached in a later step
-            computed = seq.num_computed_tokens + len(reuse) * self.block_manager.block_size
+            computed = seq.num_computed_tokens + (len(reuse) + len(lower)) * self.block_manager.block_size
             n = min(seq.num_tokens - computed, budget)
             # leave a block per running sequence for its next token: admitting into the last free
             # blocks would only have the newcomer preempted (and its work thrown away) next step
@@ -126,6 +137,9 @@ class Scheduler:
                 adapters.add(seq.adapter.id)
             self.block_manager.grow(seq.block_table, computed + n, reuse=reuse)
             self._count_lookup(seq, computed)
+            if lower:
+                self._restore(seq, len(reuse), lower, batch)
+            self._release_fetched(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             batch.items.append((seq, n))
@@ -175,6 +189,44 @@ class Scheduler:
             return []
         block_size = self.block_manager.block_size
         return self.block_manager.cached_prefix(seq.full_block_hashes((seq.num_tokens - 1) // block_size, block_size))
+
+    def _lower_prefix(self, seq: Sequence, start: int) -> list[int] | None:
+        """The hashes of the blocks after its first `start` (device-cached) ones that host memory
+        holds, or None while it waits for disk reads. A sequence waits for the disk once: what its
+        reads brought in may have been given up again to other reads by the time it is admitted,
+        and it computes those blocks rather than wait again (no two waiting sequences can keep
+        each other waiting)."""
+        if self.lower_tiers is None or seq.block_table:
+            return []
+        block_size = self.block_manager.block_size
+        hashes = seq.full_block_hashes((seq.num_tokens - 1) // block_size, block_size)[start:]
+        tiers = self.lower_tiers.find(hashes)
+        if not seq.disk_fetched:
+            on_disk = [h for h, tier in zip(hashes, tiers) if tier == DISK]
+            if on_disk:
+                seq.disk_fetched.update(on_disk)
+                seq.tier_held.update(hashes[: len(tiers)])
+                self.lower_tiers.fetch(hashes[: len(tiers)])
+                return None
+        elif self.lower_tiers.reading_any(seq.disk_fetched):
+            return None
+        host_run = next((i for i, tier in enumerate(tiers) if tier != HOST), len(tiers))
+        return hashes[:host_run]
+
+    def _release_fetched(self, seq: Sequence) -> None:
+        if self.lower_tiers is not None and seq.tier_held:
+            self.lower_tiers.release(seq.tier_held)
+            seq.tier_held.clear()
+
+    def _restore(self, seq: Sequence, start: int, hashes: list[int], batch: ScheduledBatch) -> None:
+        """Have the blocks after its device-cached prefix filled from host memory. They join the
+        device's prefix cache once the step that fills them has run (mark_computed)."""
+        batch.restore += zip(hashes, seq.block_table[start : start + len(hashes)])
+        seq.cached_blocks = start
+        stats = self.lower_tiers.stats
+        block_size = self.block_manager.block_size
+        stats.host_hit_tokens += len(hashes) * block_size
+        stats.disk_hit_tokens += sum(h in seq.disk_fetched for h in hashes) * block_size
 
     def _count_lookup(self, seq: Sequence, computed: int) -> None:
         seq.num_computed_tokens = computed

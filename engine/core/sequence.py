@@ -54,6 +54,8 @@ class Sequence:
     block_hashes: list[int] = field(default_factory=list)
     cached_blocks: int = 0
     num_cached_tokens: int = 0
+    disk_fetched: set[int] = field(default_factory=set)  # block hashes it waited to have read from the disk tier
+    tier_held: set[int] = field(default_factory=set)  # ... and those of its prefix kept in host memory meanwhile
 
     def __post_init__(self):
         # what besides the tokens changes its KV: the hash chain of its blocks starts from it

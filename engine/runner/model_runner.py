@@ -14,6 +14,7 @@ from engine.base.errors import EngineConfigError, EngineError
 from engine.core.sampling_params import SampledToken
 from engine.core.scheduler import ScheduledBatch
 from engine.core.sequence import Sequence
+from engine.kv_tiers.setup import build_tier_store
 from engine.lora.manager import AdapterManager
 from engine.lora.settings import check_lora_settings
 from engine.lora.slots import LoRASlots
@@ -60,6 +61,7 @@ class ModelRunner:
         graphs = graphs_enabled(config, self.device)
         # with graphs, one block more than the core hands out: the decode graphs' padding writes there
         self.kv = KVCache(model.config, self.capacity_tokens + (config.block_size if graphs else 0), self.device, dtype)
+        self.lower_tiers = build_tier_store(config, model.source, repr(model.config), self.kv, self.max_model_len)
         max_blocks = -(-self.max_model_len // config.block_size)
         self.block_tables = BlockTables(config.max_num_seqs, max_blocks)
         self.adapters = AdapterManager(lora_slots, model.config, config.adapter_root, config.max_cpu_loras, adapters_in_use)
@@ -101,6 +103,8 @@ class ModelRunner:
         if self.before_forward is not None:
             self.before_forward(batch)
         with torch.inference_mode():
+            if self.lower_tiers is not None and (batch.offload or batch.restore):
+                self.lower_tiers.apply(batch.offload, batch.restore)
             logits = self.decode_graphs.run(host) if self.decode_graphs is not None else None
             if logits is None:
                 logits = self.model.forward(to_device(host, self.config.block_size, self.device), self.kv)

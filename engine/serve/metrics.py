@@ -40,7 +40,20 @@ class EngineMetrics(MetricsEndpoint):
         self.prefix_evictions = Counter(
             "k25_engine_prefix_cache_evictions", "Cached KV blocks taken for new KV", registry=r
         )
-        self._seen: dict[Counter, int] = {}  # counter -> the engine's own count it was last brought up to
+        self.tier_blocks = Gauge("k25_engine_kv_tier_blocks", "KV blocks each tier below the device holds", ["tier"],
+                                 registry=r)
+        self.tier_bytes = Gauge("k25_engine_kv_tier_bytes", "Bytes of KV each tier below the device holds", ["tier"],
+                                registry=r)
+        self.tier_hits = Counter("k25_engine_kv_tier_hits", "Prompt tokens found cached, by the tier that held them",
+                                 ["tier"], registry=r)
+        self.tier_copied = Counter("k25_engine_kv_tier_copied_bytes", "Bytes of KV copied between tiers, by direction",
+                                   ["direction"], registry=r)
+        self.tier_copy_seconds = Counter("k25_engine_kv_tier_copy_seconds",
+                                         "Time the engine thread spent issuing copies between KV tiers", registry=r)
+        self.tier_dropped = Counter("k25_engine_kv_tier_dropped_blocks",
+                                    "Stored KV blocks found unreadable (checksum, truncation, I/O) and recomputed",
+                                    registry=r)
+        self._seen: dict[object, float] = {}  # counter -> the engine's own count it was last brought up to
 
     def update_load(self, stats: EngineStats) -> None:
         self.running.set(stats.running)
@@ -48,7 +61,23 @@ class EngineMetrics(MetricsEndpoint):
         self.kv_usage.set(stats.kv_usage)
         for counter, total in ((self.preemptions, stats.preemptions), (self.prefix_queries, stats.prefix_queried_tokens),
                                (self.prefix_hits, stats.prefix_hit_tokens), (self.prefix_evictions, stats.prefix_evicted_blocks)):
-            seen = self._seen.get(counter, 0)
-            if total > seen:
-                counter.inc(total - seen)
-                self._seen[counter] = total
+            self._bring_up(counter, total)
+        lower = dict(stats.kv_tier_hit_tokens)
+        if lower:
+            self._bring_up(self.tier_hits.labels("device"), stats.prefix_hit_tokens - sum(lower.values()))
+        for tier, tokens in lower.items():
+            self._bring_up(self.tier_hits.labels(tier), tokens)
+        for tier, blocks, nbytes in stats.kv_tier_blocks:
+            self.tier_blocks.labels(tier).set(blocks)
+            self.tier_bytes.labels(tier).set(nbytes)
+        for direction, nbytes in stats.kv_tier_copied_bytes:
+            self._bring_up(self.tier_copied.labels(direction), nbytes)
+        self._bring_up(self.tier_copy_seconds, stats.kv_tier_copy_seconds)
+        self._bring_up(self.tier_dropped, stats.kv_tier_dropped_blocks)
+
+    def _bring_up(self, counter, total: float) -> None:
+        """Raise `counter` to the engine's own running `total`."""
+        seen = self._seen.get(counter, 0)
+        if total > seen:
+            counter.inc(total - seen)
+            self._seen[counter] = total

@@ -47,6 +47,19 @@ class EngineStats:
     prefix_hit_tokens: int = 0
     prefix_evicted_blocks: int = 0
     ttft_p95_s: float | None = None  # admission to first token, over the last minute; None: no first token in it
+    # KV tiers below the device (engine/core/contract.py's EngineLoad)
+    kv_tier_hit_tokens: tuple[tuple[str, int], ...] = ()
+    kv_tier_blocks: tuple[tuple[str, int, int], ...] = ()
+    kv_tier_copied_bytes: tuple[tuple[str, int], ...] = ()
+    kv_tier_copy_seconds: float = 0.0
+    kv_tier_dropped_blocks: int = 0
+
+    def tier_hit_share(self) -> dict[str, float]:
+        """Of the prompt tokens found cached, the share each tier gave: device, host, disk."""
+        lower = dict(self.kv_tier_hit_tokens)
+        found = {"device": self.prefix_hit_tokens - sum(lower.values()), **lower}
+        total = sum(found.values())
+        return {tier: round(n / total, 4) if total else 0.0 for tier, n in found.items()}
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -76,6 +89,8 @@ def registry_entry(profile: EngineProfile, stats: EngineStats, health: HealthRep
         "incarnation": profile.incarnation,
         "dtype": profile.dtype,
         "prefix_cache_hit_rate": round(stats.prefix_hit_rate, 4),
+        "kv_tier_hit_share": stats.tier_hit_share(),
+        "kv_tiers": [tier for tier, _, _ in stats.kv_tier_blocks],
         "ttft_p95_s": None if stats.ttft_p95_s is None else round(stats.ttft_p95_s, 4),
         **health.fields(),
     }

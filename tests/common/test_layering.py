@@ -39,6 +39,7 @@ ENGINE_FLOORS = {
     "engine.runner": 5,
     "engine.hardware": 4,
     "engine.structured": 4,
+    "engine.kv_tiers": 4,  # KV tiers below the device: host pool, disk files, block copies
     "engine.core": 3,
     "engine.model": 3,
     "engine.attention": 2,

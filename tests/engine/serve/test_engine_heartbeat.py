@@ -28,9 +28,32 @@ def test_the_entry_holds_the_facts_and_the_load():
         "max_model_len": 8192, "kv_admission_limit": 0.9, "max_waiting": 256, "heartbeat_ttl_s": 5.0,
         "free_kv_fraction": 0.75, "running": 3, "waiting": 1, "adapters": [],
         "block_size": 32, "prefix_caching": True, "incarnation": "abc", "dtype": "bfloat16", "prefix_cache_hit_rate": 0.24,
-        "ttft_p95_s": None, "healthy": True, "unhealthy_reason": "", "draining": False, "last_step_at": None, "step_failures": 0,
+        "kv_tier_hit_share": {"device": 1.0}, "kv_tiers": [], "ttft_p95_s": None, "healthy": True, "unhealthy_reason": "", "draining": False, "last_step_at": None, "step_failures": 0,
     }
     assert json.loads(json.dumps(entry)) == entry
+
+
+def test_the_entry_and_the_metrics_show_each_kv_tier():
+    from engine.serve.metrics import EngineMetrics
+
+    stats = EngineStats(
+        prefix_queried_tokens=1000, prefix_hit_tokens=800, kv_tier_hit_tokens=(("host", 300), ("disk", 100)),
+        kv_tier_blocks=(("host", 12, 4096), ("disk", 40, 16384)), kv_tier_copied_bytes=(("to_host", 8192),),
+        kv_tier_copy_seconds=0.5, kv_tier_dropped_blocks=1,
+    )
+    entry = registry_entry(PROFILE, stats)
+    assert entry["kv_tier_hit_share"] == {"device": 0.5, "host": 0.375, "disk": 0.125}
+    assert entry["kv_tiers"] == ["host", "disk"]
+    metrics = EngineMetrics()
+    metrics.update_load(stats)
+    metrics.update_load(stats)  # counters follow the engine's totals, not the number of updates
+    value = metrics.registry.get_sample_value
+    assert value("k25_engine_kv_tier_hits_total", {"tier": "device"}) == 400
+    assert value("k25_engine_kv_tier_hits_total", {"tier": "disk"}) == 100
+    assert value("k25_engine_kv_tier_blocks", {"tier": "disk"}) == 40
+    assert value("k25_engine_kv_tier_bytes", {"tier": "host"}) == 4096
+    assert value("k25_engine_kv_tier_copied_bytes_total", {"direction": "to_host"}) == 8192
+    assert value("k25_engine_kv_tier_dropped_blocks_total") == 1
 
 
 def test_the_entry_carries_the_health_judged_when_it_is_written():
