@@ -26,7 +26,7 @@ FIRST_PARTY = {"proto", "common", "engine", "services", "operators", "bench", "k
 DEV_TOOLS = {"proto.generate"}
 # benchmarks that measure a part need that part's extra too
 BENCH_OF_ENGINE = {"bench.engine_bench", "bench.lora_bench", "bench.quant_bench", "bench.quant_bytes", "bench.quant_kl",
-                   "bench.profile_command", "bench.profile_run", "bench.profile_workload"}
+                   "bench.profile_command", "bench.profile_run", "bench.profile_workload", "bench.kv_tiers_bench"}
 BENCH_OF_CHUNKER = {"bench.chunker_bench", "bench.chunker_baseline"}
 
 
