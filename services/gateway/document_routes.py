@@ -18,6 +18,7 @@ from pydantic import Field, model_validator
 from services.gateway.admission import Ticket
 from services.gateway.api_keys import Caller
 from services.gateway.disconnect import unless_client_leaves
+from services.gateway.document_stream import progress_stream
 from services.gateway.document_split import SPLIT_FIELDS, SplitFields, passage_spans, split_document
 from services.gateway.document_store_routes import document_not_found, install_document_store_routes, store_of, \
     store_unavailable
@@ -113,7 +114,8 @@ async def _ask(gateway: Gateway, body: AskRequest, parent_span, caller: Caller, 
         text, spans, total_tokens = await _document(gateway, body, caller, span)
         every = [Passage(s["index"] + 1, s["anchor"], s["start_char"], s["end_char"], text[s["start_char"]:s["end_char"]])
                  for s in spans]
-        passages = choose_passages(body.question, every, read_count)
+        # off the event loop: BM25 over hundreds of passages is CPU work
+        passages = await asyncio.to_thread(choose_passages, body.question, every, read_count)
         # the whole question's tokens up front (the admission reserved a first estimate): a tenant
         # whose rate cannot pay for it gets 429 before any engine work, not after its notes ran
         tokens = {s["index"] + 1: s["end_token"] - s["start_token"] for s in spans}
@@ -131,15 +133,25 @@ async def _ask(gateway: Gateway, body: AskRequest, parent_span, caller: Caller, 
             return answer.text
 
         read = [p.citation() for p in passages]  # best first
-        passages = await take_notes(body.question, sorted(passages, key=lambda p: p.index), note,
-                                    gateway.settings.document_fanout)
+        chosen, fanout = sorted(passages, key=lambda p: p.index), gateway.settings.document_fanout
+        if body.stream:
+            noted: list[Passage] = []
+
+            async def read_notes(on_note) -> None:
+                noted.extend(await take_notes(body.question, chosen, note, fanout, on_note))
+
+            async def streamed_answer():
+                final = await _job(gateway, body, reduce_messages(body.question, noted), body.max_tokens, caller, ticket,
+                                   deadline)
+                return await gateway.stream(final, ReplyShape(True), span, epilogue=lambda answer_text: [
+                    {"id": final.request_id, "object": "document.citations",
+                     "citations": citations(answer_text, noted), "passages_read": read}
+                ])
+
+            return progress_stream(read, read_notes, streamed_answer)
+        passages = await take_notes(body.question, chosen, note, fanout)
         final_job = await _job(gateway, body, reduce_messages(body.question, passages), body.max_tokens, caller, ticket,
                                deadline)
-        if body.stream:
-            return await gateway.stream(final_job, ReplyShape(True), span, epilogue=lambda answer_text: [
-                {"id": final_job.request_id, "object": "document.citations",
-                 "citations": citations(answer_text, passages), "passages_read": read}
-            ])
         answer = await gateway.generate(final_job, ReplyShape(True), span)
     _add_usage(usage, answer.final.usage)
     return JSONResponse({

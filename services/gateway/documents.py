@@ -98,15 +98,20 @@ def citations(answer: str, passages: list[Passage]) -> list[dict]:
     return [p.citation() for p in (cited or [p for p in passages if p.relevant])]
 
 
-async def take_notes(question: str, passages: list[Passage], note, concurrency: int) -> list[Passage]:
+async def take_notes(question: str, passages: list[Passage], note, concurrency: int, noted=None) -> list[Passage]:
     """Run `note(messages)` for every passage, at most `concurrency` at once; the passages with
-    their notes, in order. The first failure cancels every other note and is raised once they
-    have all stopped."""
+    their notes, in order. `noted(passage)`, if given, is called with each passage and its note as
+    it is taken. The first failure cancels every other note and is raised once they have all
+    stopped."""
     running = asyncio.Semaphore(concurrency)
 
-    async def one(passage: Passage) -> str:
+    async def one(passage: Passage) -> Passage:
         async with running:
-            return await note(map_messages(question, passage))
+            text = await note(map_messages(question, passage))
+        taken = Passage(passage.index, passage.anchor, passage.start_char, passage.end_char, passage.text, text)
+        if noted is not None:
+            noted(taken)
+        return taken
 
     tasks = [asyncio.create_task(one(p)) for p in passages]
     try:
@@ -116,4 +121,4 @@ async def take_notes(question: str, passages: list[Passage], note, concurrency: 
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
-    return [Passage(p.index, p.anchor, p.start_char, p.end_char, p.text, n) for p, n in zip(passages, notes)]
+    return list(notes)

@@ -4,9 +4,12 @@ names by number (Section 9.4, Article 7, 第十八条, 第5.1.4条) ahead of the
 
 Pure functions: the route reads the first `k` of `rank(...)`."""
 
+import logging
 import re
 
 import bm25s
+
+logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs every index it builds: one per question
 
 # Latin words and numbers ("9.4", "5.1.4" stay whole); runs of CJK ideographs
 _WORD = re.compile(r"[0-9]+(?:\.[0-9]+)*|[^\W\d_]+", re.UNICODE)

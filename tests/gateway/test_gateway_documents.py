@@ -210,16 +210,21 @@ def test_ask_maps_every_passage_then_reduces_and_cites_real_spans(stack):
 
 
 @pytest.mark.slow
-def test_ask_streams_the_answer_then_the_citations(stack):
+def test_ask_streams_the_passages_read_its_progress_then_the_answer_then_the_citations(stack):
     body = {"model": "tiny-random", "document": CONTRACT.read_text()[:2000], "question": "What are the fees?",
-            "passage_tokens": 256, "max_tokens": 8, "note_max_tokens": 4, "stream": True}
+            "passage_tokens": 256, "max_tokens": 8, "note_max_tokens": 4, "stream": True, "passages": 2}
     with httpx.stream("POST", f"{stack.url}/v1/documents/ask", json=body, timeout=120) as response:
         events = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     payloads = [json.loads(e) for e in events[:-1]]
-    assert all(p["object"] == "chat.completion.chunk" for p in payloads[:-1])
-    assert "".join(p["choices"][0]["delta"].get("content", "") for p in payloads[:-1])
+    chosen, progress, answer = payloads[0], payloads[1:3], payloads[3:-1]
+    assert chosen["object"] == "document.passages" and len(chosen["passages_read"]) == 2
+    assert [p["object"] for p in progress] == ["document.progress"] * 2 and [p["read"] for p in progress] == [1, 2]
+    assert {p["passage"]["index"] for p in progress} == {p["index"] for p in chosen["passages_read"]}
+    assert all(p["object"] == "chat.completion.chunk" for p in answer)
+    assert "".join(p["choices"][0]["delta"].get("content", "") for p in answer)
     assert payloads[-1]["object"] == "document.citations" and payloads[-1]["citations"]
+    assert payloads[-1]["passages_read"] == chosen["passages_read"]
 
 
 @pytest.mark.slow
