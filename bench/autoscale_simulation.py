@@ -7,12 +7,15 @@ Each simulated second: requests arrive and ready pods serve up to their capacity
 they cannot serve waits in the engines' queues (up to `max_waiting_per_pod` each, the rest
 is refused). Every `period_s` an autoscaler sees the pool (`PoolView`: the mean QPS of the
 last `qps_window_s` seconds as `common.redis_keys.pool_qps` gives it to the operator, the
-per-second series, the start-up times of the pods that exist, the waiting requests) and
-sets the replica count. A scale-down removes pods that are still starting before ready
-ones, newest first, as a ReplicaSet does. A pod holds its GPUs from creation to removal.
+per-second series, the start-up times of the pods that exist, the ages of those still
+starting, the waiting requests) and sets the replica count. A scale-down removes pods that
+are still starting before ready ones, newest first, as a ReplicaSet does; such a pod was
+paid for and never served (`released_before_ready`). A pod holds its GPUs from creation to
+removal.
 """
 
 import bisect
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -21,8 +24,9 @@ import numpy as np
 
 from bench.hpa_model import HorizontalPodAutoscaler
 from bench.load_trace import request_counts
+from bench.policy_at_revision import predictive_policy_at
 from operators.autoscale_policy import PoolObservation, Recommendation, ScalingRules, decide
-from operators.predictive_policy import PoolSignals, PredictiveRules, decide_predictive
+from operators import predictive_policy
 
 K25_PERIOD_S = 5.0  # the operator's autoscaling timer
 POLICIES = ("predictive", "reactive", "hpa", "queue-depth")
@@ -51,6 +55,7 @@ class PoolView:
     counts: np.ndarray  # requests in each second so far, oldest first
     startup_s: tuple[float, ...]  # creation to ready of the pods that exist and are ready
     waiting: int  # requests waiting in the ready pods' queues
+    starting_age_s: tuple[float, ...] = ()  # since creation, of the pods not ready yet
 
 
 @dataclass
@@ -59,6 +64,8 @@ class Outcome:
     requests_over_capacity: int
     gpu_hours: float
     scale_events: int
+    released_before_ready: int  # pods removed while still starting: GPU time that served nothing
+    pods_created: int
     replicas: np.ndarray = field(repr=False)  # per second: pods requested (ready and starting)
     ready: np.ndarray = field(repr=False)
 
@@ -68,6 +75,8 @@ class Outcome:
             "requests_over_capacity": self.requests_over_capacity,
             "gpu_hours": round(self.gpu_hours, 2),
             "scale_events": self.scale_events,
+            "released_before_ready": self.released_before_ready,
+            "pods_created": self.pods_created,
         }
 
 
@@ -85,15 +94,22 @@ class ReactiveAutoscaler:
 
 
 class PredictiveAutoscaler:
-    def __init__(self, rules: ScalingRules, predictive: PredictiveRules = PredictiveRules(),
-                 period_s: float = K25_PERIOD_S):
-        self.rules, self.predictive, self.period_s = rules, predictive, period_s
+    """The predictive policy; `policy` may be another version of its module (a git revision's, to
+    compare against), which is given only the signals its `PoolSignals` knows."""
+
+    def __init__(self, rules: ScalingRules, predictive=None, period_s: float = K25_PERIOD_S, policy=predictive_policy):
+        self.rules, self.period_s, self.policy = rules, period_s, policy
+        self.predictive = predictive or policy.PredictiveRules()
         self.history: tuple[Recommendation, ...] = ()
+        self.known = {f.name for f in dataclasses.fields(policy.PoolSignals)}
 
     def step(self, view: PoolView) -> int:
         series = tuple(view.counts[-self.predictive.fit_window_s:].tolist())
-        signals = PoolSignals(qps_series=series, startup_s=view.startup_s, waiting=view.waiting)
-        decision = decide_predictive(self.rules, self.predictive, _observation(view), signals, self.history)
+        offered = {"qps_series": series, "startup_s": view.startup_s, "waiting": view.waiting,
+                   "starting_age_s": view.starting_age_s}
+        signals = self.policy.PoolSignals(**{k: v for k, v in offered.items() if k in self.known})
+        decision = self.policy.decide_predictive(self.rules, self.predictive, _observation(view), signals,
+                                                 self.history)
         self.history = decision.history
         return decision.replicas
 
@@ -130,13 +146,17 @@ def simulate(counts: np.ndarray, autoscaler, capacity: CapacityModel, seed: int)
     ready = np.zeros(len(counts), dtype=np.int32)
     waiting = 0.0
     next_sync = float(capacity.qps_window_s)
+    released = 0
     for now in range(len(counts)):
         n_ready = bisect.bisect_right(pods, (now, math.inf))
         if now >= next_sync:
             view = PoolView(float(now), float(counts[now - capacity.qps_window_s:now].mean()), len(pods), n_ready,
-                            counts[:now], tuple(r - c for r, c, _ in pods[:n_ready]), int(waiting))
+                            counts[:now], tuple(r - c for r, c, _ in pods[:n_ready]), int(waiting),
+                            tuple(now - c for _, c, _ in pods[n_ready:]))
+            starting = len(pods) - n_ready
             pods = _resize(pods, autoscaler.step(view), now, n_ready, capacity, rng, serials)
             n_ready = bisect.bisect_right(pods, (now, math.inf))
+            released += max(0, starting - (len(pods) - n_ready))
             next_sync = now + autoscaler.period_s
         replicas[now], ready[now] = len(pods), n_ready
         waiting = min(max(0.0, waiting + counts[now] - n_ready * capacity.pod_qps),
@@ -147,6 +167,8 @@ def simulate(counts: np.ndarray, autoscaler, capacity: CapacityModel, seed: int)
         requests_over_capacity=int(excess[excess > 0].sum()),
         gpu_hours=float(replicas.sum()) * capacity.gpus_per_pod / 3600,
         scale_events=int(np.count_nonzero(np.diff(replicas))),
+        released_before_ready=released,
+        pods_created=next(serials) - capacity.min_replicas,
         replicas=replicas,
         ready=ready,
     )
@@ -174,8 +196,11 @@ def hpa_for(capacity: CapacityModel, target_per_pod: float | None = None) -> Hor
 
 
 def autoscaler_for(policy: str, capacity: CapacityModel):
+    """One of POLICIES, or "predictive@REVISION": the predictive policy as that git revision has it."""
     if policy == "predictive":
         return PredictiveAutoscaler(rules_for(capacity))
+    if policy.startswith("predictive@"):
+        return PredictiveAutoscaler(rules_for(capacity), policy=predictive_policy_at(policy.partition("@")[2]))
     if policy == "reactive":
         return ReactiveAutoscaler(rules_for(capacity))
     if policy == "hpa":

@@ -36,7 +36,8 @@ def plot_comparison(counts: np.ndarray, outcomes: dict[str, Outcome], capacity: 
         total = outcome.summary()
         ax.set_title(f"{name} (whole run): {total['seconds_over_capacity']} s and "
                      f"{total['requests_over_capacity']} requests over capacity, "
-                     f"{total['gpu_hours']:.1f} GPU-hours, {total['scale_events']} scale events")
+                     f"{total['gpu_hours']:.1f} GPU-hours, {total['scale_events']} scale events, "
+                     f"{total['released_before_ready']} pods released before ready")
         ax.set_ylabel("pods")
         ax.legend(loc="upper left", fontsize="small")
     np.atleast_1d(axes)[-1].set_xlabel("hour of the trace")

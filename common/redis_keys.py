@@ -57,9 +57,20 @@ ENTRY_LIMITS = {
     "step_failures": 1 << 31,
     "capacity_tokens": 1 << 40,
     "heartbeat_ttl_s": 300.0,
+    "ttft_p95_s": 86400.0,
     "adapters": 4096,  # adapter versions an entry lists
     "text": 256,  # characters of the address, pool, model, incarnation and each adapter name
 }
+
+def within_limit(entry: dict, name: str, kind: type = int) -> float | int | None:
+    """An entry's number `name` when it is a `kind` (int, or any real number for float) in
+    [0, ENTRY_LIMITS[name]]; None otherwise (absent, a bool, NaN, negative, absurd)."""
+    value = entry.get(name)
+    numbers = (int,) if kind is int else (int, float)
+    if isinstance(value, bool) or not isinstance(value, numbers) or not 0 <= value <= ENTRY_LIMITS[name]:
+        return None
+    return value
+
 
 # long enough for the operator's look-back, short enough that Redis stays small
 BUCKET_TTL_S = 300

@@ -28,8 +28,10 @@ in one transaction, then publishes the adapter's name on
     {release}:rollouts              pub/sub channel, message: the adapter name
 
 so that engines hot-load (and unload) versions and gateways re-read weights at once.
-`delete_rollout` removes an adapter's hash and its index entry and announces that the same
-way; a reader that finds no hash after an announcement stops serving the adapter. `source`
+`release_rollout` removes an adapter's hash and its index entry and announces that the same
+way; a reader that finds no hash after an announcement stops serving the adapter. One
+AdapterRollout owns an adapter's state (`{release}:rollout_owner:{adapter}`, `claim_rollout`):
+only its deletion removes the state. `source`
 is a path under the engine's adapter root; `sha256` is 64 hex digits, the engine's adapter
 checksum (`cat adapter_config.json adapter_model.safetensors | sha256sum`).
 
@@ -161,14 +163,37 @@ def write_rollout(redis, release: str, adapter: str, state: RolloutState) -> int
     return generation
 
 
-def delete_rollout(redis, release: str, adapter: str) -> bool:
-    """Remove the adapter's rollout state and announce it; False when there was none."""
-    pipe = redis.pipeline(transaction=True)
-    pipe.delete(rollout_key(release, adapter))
-    pipe.srem(rollout_index_key(release), adapter)
-    pipe.publish(rollout_channel(release), adapter)
-    deleted, _, _ = pipe.execute()
-    return bool(deleted)
+def rollout_owner_key(release: str, adapter: str) -> str:
+    """"namespace/name/uid" of the one AdapterRollout that writes the adapter's state."""
+    return f"{release}:rollout_owner:{adapter}"
+
+
+def claim_rollout(redis, release: str, adapter: str, owner: str) -> str:
+    """The owner of the adapter's rollout: `owner` when it had none (it has now), else the one
+    that had it first. Two AdapterRollouts for one adapter would otherwise overwrite each
+    other's state at every tick."""
+    key = rollout_owner_key(release, adapter)
+    redis.set(key, owner, nx=True)
+    return _text(redis.get(key) or owner)
+
+
+# the owner's deletion removes the state and the claim; another rollout's, nothing
+_RELEASE = """
+local owner = redis.call('GET', KEYS[1])
+if owner and owner ~= ARGV[1] then return -1 end
+redis.call('DEL', KEYS[1])
+local deleted = redis.call('DEL', KEYS[2])
+redis.call('SREM', KEYS[3], ARGV[2])
+redis.call('PUBLISH', ARGV[3], ARGV[2])
+return deleted
+"""
+
+
+def release_rollout(redis, release: str, adapter: str, owner: str) -> int:
+    """When `owner` owns the adapter's rollout (or nobody does): remove its state and the claim,
+    announce it, and return 1 (0: there was no state); -1, changing nothing, when another owns it."""
+    keys = [rollout_owner_key(release, adapter), rollout_key(release, adapter), rollout_index_key(release)]
+    return int(redis.register_script(_RELEASE)(keys=keys, args=[owner, adapter, rollout_channel(release)]))
 
 
 def read_rollout(redis, release: str, adapter: str) -> RolloutState | None:

@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "k25.commands.api_key",
     "k25.commands.up",
     "k25.commands.rollout",
+    "k25.commands.secrets",
 ]
 
 

@@ -21,6 +21,7 @@ from common.zmq_curve import ENV as CURVE_ENV
 from operators.config import CURVE_SECRET_KEY_KEY, REDIS_URL_KEY, OperatorConfig
 from operators.engine_pod import container_resources, spread_over_nodes
 from operators.pool_spec import MODELS_MOUNT, SCRATCH_MOUNT, EnginePoolSpec
+from operators.pool_upgrade import TEMPLATE_HASH, template_hash
 
 POOL_LABEL = "k25.io/pool"
 ZMQ_PORT = 5555
@@ -161,6 +162,20 @@ def build_deployment(pool: dict, spec: EnginePoolSpec, replicas: int, config: Op
         "securityContext": CONTAINER_SECURITY_CONTEXT,
         "volumeMounts": mounts,
     }
+    template = {
+        "metadata": {"labels": labels, "annotations": dict(spec.pod_annotations)},
+        "spec": {
+            "nodeSelector": dict(spec.node_selector),
+            "tolerations": [dict(t) for t in spec.tolerations],
+            "automountServiceAccountToken": False,  # engines never call the Kubernetes API
+            "terminationGracePeriodSeconds": termination_grace_s(spec),
+            "topologySpreadConstraints": spread_over_nodes({POOL_LABEL: name}),
+            **({"priorityClassName": spec.priority_class_name} if spec.priority_class_name else {}),
+            "securityContext": POD_SECURITY_CONTEXT,
+            "containers": [container],
+            "volumes": volumes,
+        },
+    }
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -168,24 +183,8 @@ def build_deployment(pool: dict, spec: EnginePoolSpec, replicas: int, config: Op
             "name": deployment_name(name),
             "namespace": pool["metadata"]["namespace"],
             "labels": labels,
+            "annotations": {TEMPLATE_HASH: template_hash(template)},
             "ownerReferences": [owner_reference(pool)],
         },
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {POOL_LABEL: name}},
-            "template": {
-                "metadata": {"labels": labels, "annotations": dict(spec.pod_annotations)},
-                "spec": {
-                    "nodeSelector": dict(spec.node_selector),
-                    "tolerations": [dict(t) for t in spec.tolerations],
-                    "automountServiceAccountToken": False,  # engines never call the Kubernetes API
-                    "terminationGracePeriodSeconds": termination_grace_s(spec),
-                    "topologySpreadConstraints": spread_over_nodes({POOL_LABEL: name}),
-                    **({"priorityClassName": spec.priority_class_name} if spec.priority_class_name else {}),
-                    "securityContext": POD_SECURITY_CONTEXT,
-                    "containers": [container],
-                    "volumes": volumes,
-                },
-            },
-        },
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {POOL_LABEL: name}}, "template": template},
     }

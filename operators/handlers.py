@@ -27,10 +27,11 @@ from common.redis_keys import QpsReading, pool_qps
 from operators.autoscale_policy import PoolObservation, decide
 from operators.config import RELEASE_LABEL, OperatorConfig
 from operators.deployment import build_deployment, deployment_name, owned_by, pod_selector
-from operators.pool_signals import engine_signals, pod_signals, qps_series
 from operators.image_policy import image_refusal
+from operators.pool_signals import engine_signals, pod_signals, qps_series
 from operators.pool_spec import PoolSpecError, parse_pool_spec
 from operators.pool_status import build_status, foreign_deployment_status, pool_pods
+from operators.pool_upgrade import TEMPLATE_HASH, rolling_elsewhere
 from operators.predictive_policy import decide_predictive
 
 ENGINE_POOLS = ("k25.io", "v1alpha1", "enginepools")
@@ -57,8 +58,17 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         replicas = existing.get("spec", {}).get("replicas") or 0
         bounded = min(max(replicas, pool_spec.min_replicas), pool_spec.max_replicas)
         manifest = build_deployment(body, pool_spec, bounded, config)
+        annotations = manifest["metadata"]["annotations"]
+        if (existing.get("metadata", {}).get("annotations") or {}).get(TEMPLATE_HASH) != annotations[TEMPLATE_HASH]:
+            # a new template restarts the pool's engines: one pool of the release at a time
+            release_pools = memo.kube.list_deployments(namespace, f"app.kubernetes.io/instance={config.release},"
+                                                                  "app.kubernetes.io/component=engine")
+            rolling = rolling_elsewhere(release_pools, deployment_name(name))
+            if rolling is not None:
+                raise kopf.TemporaryError(f"waiting for Deployment {rolling} to finish rolling out before this pool's "
+                                          "engines restart", delay=config.interval_s)
         memo.kube.patch_deployment(namespace, deployment_name(name), {
-            "metadata": {"labels": manifest["metadata"]["labels"],
+            "metadata": {"labels": manifest["metadata"]["labels"], "annotations": annotations,
                          "ownerReferences": manifest["metadata"]["ownerReferences"]},
             "spec": {"replicas": bounded, "template": manifest["spec"]["template"]},
         })
@@ -150,7 +160,7 @@ def _read_qps(client, config: OperatorConfig, pool: str, now: float) -> tuple[Qp
 def _read_signals(client, config: OperatorConfig, pool: str, pods: list[dict], now: float, pool_spec):
     """The pods' signals always; the series, the queues and the TTFT when Redis answers
     (without them the forecast is the observed QPS and the guards are off)."""
-    signals = pod_signals(pods)
+    signals = pod_signals(pods, now)
     try:
         series = qps_series(client, config.release, pool, now, pool_spec.predictive_rules().fit_window_s)
         waiting, ttft_p95_s = engine_signals(client, config.release, pool)

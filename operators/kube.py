@@ -59,6 +59,10 @@ class KubeApi:
         self.apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": replicas}},
                                                     _preload_content=False)
 
+    def list_deployments(self, namespace: str, label_selector: str) -> list[dict]:
+        return _json(self.apps.list_namespaced_deployment(namespace, label_selector=label_selector,
+                                                          _preload_content=False)).get("items", [])
+
     def list_pods(self, namespace: str, label_selector: str) -> list[dict]:
         return _json(self.core.list_namespaced_pod(namespace, label_selector=label_selector,
                                                    _preload_content=False)).get("items", [])

@@ -5,7 +5,7 @@ first token (their heartbeats)."""
 
 import datetime
 
-from common.redis_keys import live_engines, qps_bucket_key
+from common.redis_keys import live_engines, qps_bucket_key, within_limit
 from operators.pool_status import unschedulable_reason
 from operators.predictive_policy import PoolSignals
 
@@ -20,10 +20,16 @@ def startup_seconds(pod: dict) -> float | None:
     return None
 
 
-def pod_signals(pods: list[dict]) -> PoolSignals:
-    """What the pods say: start-up times of the ready ones, and how many wait for a node."""
+def pod_signals(pods: list[dict], now: float | None = None) -> PoolSignals:
+    """What the pods say: start-up times of the ready ones, how many wait for a node, and (given
+    the time now, in epoch seconds) how long ago the others were created."""
     startups = tuple(s for s in map(startup_seconds, pods) if s is not None)
-    return PoolSignals(startup_s=startups, unschedulable=sum(1 for p in pods if unschedulable_reason(p)))
+    ages = () if now is None else tuple(
+        max(0.0, now - _parse(created).timestamp()) for pod in pods
+        if startup_seconds(pod) is None and (created := pod.get("metadata", {}).get("creationTimestamp"))
+        and not pod.get("metadata", {}).get("deletionTimestamp"))
+    return PoolSignals(startup_s=startups, unschedulable=sum(1 for p in pods if unschedulable_reason(p)),
+                       starting_age_s=ages)
 
 
 def qps_series(client, release: str, pool: str, now: float, window_s: int) -> tuple[float | None, ...]:
@@ -39,9 +45,9 @@ def engine_signals(client, release: str, pool: str) -> tuple[int | None, float |
     reports), and the worst of their TTFT p95s over the last minute (None when none saw a
     first token in it)."""
     entries = [entry for entry in live_engines(client, release).values() if entry.get("pool") == pool]
-    counts = [n for n in (e.get("waiting") for e in entries) if isinstance(n, int) and not isinstance(n, bool)]
-    ttfts = [t for t in (e.get("ttft_p95_s") for e in entries)
-             if isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0]
+    # bounded as the gateway bounds them (ENTRY_LIMITS): a broken entry cannot size the pool
+    counts = [n for n in (within_limit(e, "waiting") for e in entries) if n is not None]
+    ttfts = [t for t in (within_limit(e, "ttft_p95_s", float) for e in entries) if t is not None]
     return (sum(counts) if counts else None), (max(ttfts) if ttfts else None)
 
 

@@ -8,10 +8,14 @@ would be ready. A pure function, built on the reactive one; no Kubernetes, no Re
   slope at least `clear_trend` standard errors from zero, both with the same sign); it is
   the smaller of the two. A step or a burst shows in one half only and is not extrapolated;
   a ramp shows in both. The planned load is the larger of the observed QPS and the
-  forecast: a falling forecast never removes capacity that the load needs now.
+  forecast: a falling forecast never removes capacity that the load needs now. Its
+  uncertainty: the load's wander and the trend's standard error times the horizon.
 - Tolerance: because pods start ahead of the load, a scale-out waits until the planned load
-  is more than the pool's tolerance (10%) above its target, as the HPA does; a scale-down
-  has no band (`down_tolerance`), the scale-down window alone stabilises it.
+  is more than the pool's tolerance (10%) above its target, as the HPA does. A smaller pool is
+  sized to run up to that threshold, less `sizing_sigmas` standard deviations of the load's
+  wander over the last `fit_window_s` (the spread of its `block_s`-second means): a steady
+  load is served at up to target plus tolerance, as the HPA's band allows, a wandering one
+  keeps room for its wander. The scale-down window stabilises it.
 - The reactive policy (`autoscale_policy.decide`) then runs on the planned load: cooldown,
   scale-down window, step limit, [min, max], release of starting pods no longer needed, and
   holding when QPS data is missing or stale.
@@ -19,15 +23,18 @@ would be ready. A pure function, built on the reactive one; no Kubernetes, no Re
   ready engine, or the worst engine's TTFT p95 over the last minute is above `ttft_slo_s` (when
   the pool sets an SLO), and every planned pod is ready, the pods serve less than the target
   says, and the plan is one pod more than are ready (the scale-down window then keeps it like
-  any plan). The TTFT window trails the load by up to a minute, less than a pod's start-up, so
-  it adds at most one pod more than the queue would have. While pods
-  are missing, the pool starts extra pods, `hedge` for each pod the plan still lacks ready, at
-  most `max_hedge_pods` or `max_hedge_share` of the ready pods, whichever is more. Start-up
-  times are spread (one to five minutes), so the first of more pods are ready sooner; the
-  extra ones go, starting ones first, as the plan's pods become ready and the queue drains.
-  The pool is over capacity until the last missing pod is ready, and a burst of the same
-  relative size misses more pods in a bigger pool: a fixed ceiling would hedge its last pods
-  ever more thinly, hence the share.
+  any plan). While the plan's pods are not all ready, the pool starts as many pods as are worth
+  it (`startup_model.pods_to_start`): pods start at spread times, so more of them get the missing
+  ones ready sooner; from the start-ups the pool has seen and the ages of the pods already
+  starting (their ages count once `trusted_startups` start-ups were seen), it starts the number
+  that minimises (`over_capacity_pod_s` + extra pods) x the expected time until the missing
+  pods are ready: the price of a second over capacity against the pod-seconds that extra pods
+  cost until they are released. Within the step limit and max.
+- Cost of a start: a smaller size releases starting pods (the newest first, as a ReplicaSet
+  does), but a starting pod is kept while the chance that the forecast load needs it (that it
+  would be above the scale-out threshold without it) times the scale-down window it would then
+  serve is more than the seconds it still takes to be ready (from the start-ups seen): a pod
+  nearly ready is not thrown away for a dip in the load.
 - Nodes: while the scheduler reports a pod of the pool Unschedulable, the pool does not
   grow; pods that already wait for a node keep waiting (a cluster autoscaler may add one).
 """
@@ -38,6 +45,7 @@ import statistics
 from dataclasses import dataclass
 
 from operators.autoscale_policy import PoolObservation, Recommendation, ScalingDecision, ScalingRules, decide
+from operators.startup_model import expected_remaining, pods_to_start
 
 SCALED_UP = ("ScaledUp", "ScaleUpLimited")
 
@@ -51,17 +59,21 @@ class PredictiveRules:
     down_tolerance: float = 0.0
     queue_per_replica: float | None = 8.0  # None: no queue guard
     ttft_slo_s: float | None = None  # None: no latency guard
-    hedge: float = 4.0  # extra pods per pod the plan still lacks ready...
-    max_hedge_pods: int = 10  # ...but no more than this many,
-    max_hedge_share: float = 0.7  # or than this share of the ready pods, if that is more
+    over_capacity_pod_s: float = 60.0  # pod-seconds of start-up worth one second less over capacity
+    block_s: int = 10  # the forecast's uncertainty: the spread of the load's means over blocks this long
+    sizing_sigmas: float = 6.0  # a smaller pool keeps the load this many standard deviations below its scale-out
+    trusted_startups: int = 8  # start-ups seen below which a starting pod's age says nothing about when it is ready
 
     def __post_init__(self):
         if not 2 <= self.min_points <= self.fit_window_s // 2:
             raise ValueError(f"need 2 <= min_points <= fit_window_s / 2, got {self.min_points} and "
                              f"{self.fit_window_s}")
-        if min(self.clear_trend, self.default_startup_s, self.hedge, self.max_hedge_pods, self.max_hedge_share) < 0:
-            raise ValueError("clear_trend, default_startup_s, hedge, max_hedge_pods and max_hedge_share must not be "
-                             "negative")
+        if min(self.clear_trend, self.default_startup_s, self.over_capacity_pod_s) < 0:
+            raise ValueError("clear_trend, default_startup_s and over_capacity_pod_s must not be negative")
+        if not 1 <= self.block_s <= self.fit_window_s // 2:
+            raise ValueError(f"need 1 <= block_s <= fit_window_s / 2, got {self.block_s}")
+        if self.sizing_sigmas < 0:
+            raise ValueError(f"sizing_sigmas must not be negative, got {self.sizing_sigmas}")
         if not 0 <= self.down_tolerance < 1:
             raise ValueError(f"down_tolerance must be in [0, 1), got {self.down_tolerance}")
         for name in ("queue_per_replica", "ttft_slo_s"):
@@ -79,6 +91,7 @@ class PoolSignals:
     waiting: int | None = None  # requests waiting in the pool's engines; None: no heartbeat
     ttft_p95_s: float | None = None  # the worst engine's, over the last minute; None: no first token in it
     unschedulable: int = 0  # the pool's pods that the scheduler could not place
+    starting_age_s: tuple[float, ...] = ()  # since creation, of the pool's pods not ready yet
 
 
 @dataclass(frozen=True)
@@ -86,6 +99,7 @@ class Forecast:
     qps: float  # expected QPS at the horizon
     horizon_s: float
     trend: float  # QPS per second; 0 when none is clear
+    spread: float = 0.0  # its uncertainty (one standard deviation, QPS)
 
 
 def startup_estimate(predictive: PredictiveRules, samples: tuple[float, ...]) -> float:
@@ -97,13 +111,31 @@ def forecast(predictive: PredictiveRules, series: tuple[float | None, ...], leve
     recent = series[-predictive.fit_window_s:]
     half = len(recent) // 2
     halves = [[(x, y) for x, y in enumerate(part) if y is not None] for part in (recent[:half], recent[half:])]
+    wobble = _block_spread(recent, predictive.block_s)
     if min(len(points) for points in halves) < predictive.min_points:
-        return Forecast(level, horizon_s, 0.0)
+        return Forecast(level, horizon_s, 0.0, wobble)
     (first, first_error), (second, second_error) = (_slope(points) for points in halves)
     clear = (abs(first) > predictive.clear_trend * first_error and abs(second) > predictive.clear_trend * second_error
              and first * second > 0)
-    trend = min(first, second, key=abs) if clear else 0.0
-    return Forecast(max(0.0, level + trend * horizon_s), horizon_s, trend)
+    trend, error = (min((first, first_error), (second, second_error), key=lambda fit: abs(fit[0])) if clear
+                    else (0.0, 0.0))
+    return Forecast(max(0.0, level + trend * horizon_s), horizon_s, trend, math.hypot(wobble, error * horizon_s))
+
+
+def _block_spread(series: tuple[float | None, ...], block_s: int) -> float:
+    """How far the load's means over consecutive blocks wander from a straight line through them
+    (one standard deviation; blocks without data left out): a ramp is a trend, not a wander."""
+    means = []
+    for index, start in enumerate(range(0, len(series) - block_s + 1, block_s)):
+        values = [v for v in series[start:start + block_s] if v is not None]
+        if values:
+            means.append((index, sum(values) / len(values)))
+    if len(means) < 3:
+        return 0.0
+    slope, _ = _slope(means)
+    mean_x = sum(x for x, _ in means) / len(means)
+    mean_y = sum(y for _, y in means) / len(means)
+    return math.sqrt(sum((y - mean_y - slope * (x - mean_x)) ** 2 for x, y in means) / (len(means) - 2))
 
 
 def _slope(points: list[tuple[int, float]]) -> tuple[float, float]:
@@ -130,7 +162,11 @@ def decide_predictive(rules: ScalingRules, predictive: PredictiveRules, seen: Po
     # every planned pod is ready and requests still queue (or wait too long): they serve less
     # than the target says, so one pod more than are ready (the one already starting, if any, is kept)
     saturated = guard is not None and math.ceil(planned / rules.target_qps_per_replica) <= seen.ready_replicas
-    bumped = max(seen.replicas, seen.ready_replicas + 1) * rules.target_qps_per_replica if saturated else planned
+    # the pool scales out only above its target plus the tolerance; a smaller pool is sized so that
+    # the load's wander (`sizing_sigmas` of the forecast's spread) does not take it straight back out
+    upper = planned + predictive.sizing_sigmas * expected.spread
+    sized = min(planned, upper / (1 + rules.tolerance)) if planned < serves else planned
+    bumped = max(seen.replicas, seen.ready_replicas + 1) * rules.target_qps_per_replica if saturated else sized
     decision = decide(dataclasses.replace(rules, tolerance=predictive.down_tolerance),
                       dataclasses.replace(seen, qps=bumped), history)
     if decision.lacks_data:
@@ -138,9 +174,14 @@ def decide_predictive(rules: ScalingRules, predictive: PredictiveRules, seen: Po
     replicas, reason = decision.replicas, decision.reason
     if reason in SCALED_UP and (saturated or expected.qps > seen.qps):
         reason += f"For{guard}" if saturated else "ForForecast"
-    hedged = _hedge(rules, predictive, seen, planned) if guard is not None else 0
+    samples = sorted(signals.startup_s) or [predictive.default_startup_s]
+    hedged = _hedge(rules, predictive, seen, signals, samples, planned) if guard is not None else 0
     if hedged > replicas:
         replicas, reason = hedged, f"{guard}Guard"
+    kept = _keep_starting(rules, seen, signals, samples, expected, replicas)
+    if kept > replicas:
+        replicas, reason = kept, "StartingPodsKept"
+    replicas = min(replicas, max(decision.replicas, rules.max_replicas))  # a pool above max is not kept there
     if replicas > max(seen.replicas, rules.min_replicas) and signals.unschedulable:
         replicas, reason = max(seen.replicas, rules.min_replicas), "NodesFull"  # minReplicas still wins
     message = _describe(rules, predictive, seen, signals, expected, bumped, replicas)
@@ -158,13 +199,48 @@ def _guard(predictive: PredictiveRules, seen: PoolObservation, signals: PoolSign
     return None
 
 
-def _hedge(rules: ScalingRules, predictive: PredictiveRules, seen: PoolObservation, planned: float) -> int:
-    """The plan's replicas plus extra ones for those not ready yet, within the step limit and max."""
-    need = math.ceil(planned / rules.target_qps_per_replica)
-    ceiling = max(predictive.max_hedge_pods, math.ceil(predictive.max_hedge_share * seen.ready_replicas))
-    extra = min(math.ceil(predictive.hedge * max(0, need - seen.ready_replicas)), ceiling)
-    step_limit = max(math.floor(seen.replicas * rules.max_step_factor), seen.replicas + 1)
-    return min(need + extra, step_limit, rules.max_replicas)
+def _hedge(rules: ScalingRules, predictive: PredictiveRules, seen: PoolObservation, signals: PoolSignals,
+           samples: list[float], planned: float) -> int:
+    """The pods requested plus those worth starting for the plan's pods not ready yet (see
+    `startup_model.pods_to_start`), within the step limit and max."""
+    need = min(math.ceil(planned / rules.target_qps_per_replica), rules.max_replicas)
+    step_limit = min(max(math.floor(seen.replicas * rules.max_step_factor), seen.replicas + 1), rules.max_replicas)
+    ages = _starting_ages(seen, signals) if len(samples) >= predictive.trusted_startups else (0.0,) * seen.starting
+    fresh = pods_to_start(samples, ages, need - seen.ready_replicas, predictive.over_capacity_pod_s,
+                          max(0, step_limit - seen.replicas))
+    return seen.replicas + fresh
+
+
+def _keep_starting(rules: ScalingRules, seen: PoolObservation, signals: PoolSignals, samples: list[float],
+                   expected: Forecast, replicas: int) -> int:
+    """Of the starting pods a smaller size would release (the newest first, as a ReplicaSet
+    does), keep those whose expected use is worth their cost: a pod is kept while the chance
+    that the forecast load needs it, times the scale-down window it would then serve at least,
+    is more than the seconds it still takes to be ready."""
+    releasing = min(seen.replicas - replicas, seen.starting)
+    if releasing <= 0:
+        return replicas
+    oldest_released = sorted(_starting_ages(seen, signals), reverse=True)[seen.starting - releasing:]
+    kept = replicas
+    for age in oldest_released:  # without this pod, the plan would start one above this load
+        needed = _chance_above(expected, kept * rules.target_qps_per_replica * (1 + rules.tolerance))
+        if needed * rules.scale_down_window_s <= expected_remaining(samples, age):
+            break
+        kept += 1
+    return kept
+
+
+def _chance_above(expected: Forecast, qps: float) -> float:
+    """The chance that the load at the horizon is above `qps`."""
+    if expected.spread <= 0:
+        return 1.0 if expected.qps > qps else 0.0
+    return 0.5 * math.erfc((qps - expected.qps) / (expected.spread * math.sqrt(2)))
+
+
+def _starting_ages(seen: PoolObservation, signals: PoolSignals) -> tuple[float, ...]:
+    """The starting pods' ages; pods the signals do not cover count as just created."""
+    ages = tuple(sorted(signals.starting_age_s, reverse=True))[:seen.starting]
+    return ages + (0.0,) * (seen.starting - len(ages))
 
 
 def _describe(rules: ScalingRules, predictive: PredictiveRules, seen: PoolObservation, signals: PoolSignals,

@@ -8,6 +8,10 @@
   moment would never be removed, since the deletion would not wait for the handler;
 - delete: remove the adapter's rollout state, so that engines unload it and gateways stop
   offering it. An AdapterRollout is the declaration that its adapter is served.
+
+One AdapterRollout owns an adapter's state: the first to claim it in Redis. Another one for the
+same adapter says so in its status (phase Conflict) and writes nothing, and its deletion
+leaves the owner's state alone; once the owner is deleted, the next tick of the other claims it.
 """
 
 import time
@@ -15,10 +19,16 @@ import time
 import kopf
 import redis
 
-from common.rollout_keys import NAME_PATTERN, delete_rollout, versioned_name
+from common.rollout_keys import NAME_PATTERN, claim_rollout, release_rollout, versioned_name
 from operators.config import FINALIZER, RELEASE_LABEL, OperatorConfig
 from operators.rollout_spec import RolloutSpecError, parse_rollout_spec
-from operators.rollout_status import invalid_spec_status, redis_unavailable_status, status_from_dict, status_to_dict
+from operators.rollout_status import (
+    conflict_status,
+    invalid_spec_status,
+    redis_unavailable_status,
+    status_from_dict,
+    status_to_dict,
+)
 from operators.rollout_step import describe_state, run_step
 
 ADAPTER_ROLLOUTS = ("k25.io", "v1alpha1", "adapterrollouts")
@@ -28,7 +38,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     on = dict(registry=registry, labels={RELEASE_LABEL: config.release})  # the rollouts of its own release
 
     @kopf.timer(*ADAPTER_ROLLOUTS, interval=config.interval_s, **on)
-    def step_rollout(spec, status, meta, name, memo, patch, logger, **_):
+    def step_rollout(spec, status, meta, name, namespace, uid, memo, patch, logger, **_):
         if FINALIZER not in meta.get("finalizers", []):
             return  # the next tick, once a deletion is sure to reach remove_rollout_state
         previous = status.get("conditions", [])
@@ -39,6 +49,10 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             patch.status.update(invalid_spec_status(str(error), previous, now))
             return
         try:
+            owner = claim_rollout(memo.redis, config.release, rollout.adapter, _owner(namespace, name, uid))
+            if owner != _owner(namespace, name, uid):
+                patch.status.update(conflict_status(owner, previous, now))
+                return
             outcome = run_step(memo.redis, config.release, rollout, status_from_dict(dict(status)), now)
         except redis.RedisError as error:
             patch.status.update(redis_unavailable_status(str(error) or type(error).__name__, previous, now))
@@ -53,10 +67,17 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
                                            outcome.readiness, previous, now))
 
     @kopf.on.delete(*ADAPTER_ROLLOUTS, **on)
-    def remove_rollout_state(spec, memo, logger, **_):
+    def remove_rollout_state(spec, name, namespace, uid, memo, logger, **_):
         adapter = spec.get("adapter")
         if not isinstance(adapter, str) or not NAME_PATTERN.fullmatch(adapter):
             return  # no adapter, no state
-        if delete_rollout(memo.redis, config.release, adapter):
+        released = release_rollout(memo.redis, config.release, adapter, _owner(namespace, name, uid))
+        if released == 1:
             logger.info(f"removed the rollout state of {adapter}")
+        elif released == -1:
+            logger.info(f"left the rollout state of {adapter} to the AdapterRollout that owns it")
+
+
+def _owner(namespace: str, name: str, uid: str) -> str:
+    return f"{namespace}/{name}/{uid}"
 

@@ -27,8 +27,8 @@ from common.rollout_keys import LATENCY_BUCKETS, PROGRESSING, PROMOTED, ROLLED_B
 from operators.rollout_spec import AdapterVersion, RolloutSpec
 
 # what the last step did (status.reason)
-STARTED, WAITING, LOW_TRAFFIC, CHECK_FAILED, ENGINES_NOT_READY, ADVANCED = (
-    "Started", "Waiting", "LowTraffic", "CheckFailed", "EnginesNotReady", "Advanced")
+STARTED, WAITING, LOW_TRAFFIC, CHECK_FAILED, ENGINES_NOT_READY, ADVANCED, RESUMED = (
+    "Started", "Waiting", "LowTraffic", "CheckFailed", "EnginesNotReady", "Advanced", "Resumed")
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,8 @@ def readiness(engines: dict[str, dict], pool: str, adapter: str, version: str) -
 
 
 def decide_step(spec: RolloutSpec, status: RolloutStatus | None, canary: VersionStats,
-                canary_loaded: bool, now: float, loaded_nowhere: bool = False) -> StepResult:
+                canary_loaded: bool, now: float, loaded_nowhere: bool = False,
+                stable: VersionStats | None = None) -> StepResult:
     if status is None or not _belongs(spec, status):
         weight = spec.steps[0]
         return _progressing(spec, RolloutStatus(
@@ -101,7 +102,7 @@ def decide_step(spec: RolloutSpec, status: RolloutStatus | None, canary: Version
         return _progressing(spec, dataclasses.replace(
             held, reason=LOW_TRAFFIC, message=f"holding at {status.weight}%: {canary.requests} canary requests in "
                                               f"the last {spec.interval_s} s, {spec.min_requests_per_step} needed"))
-    breaches = _breaches(spec, canary)
+    breaches = _breaches(spec, canary, stable)
     if breaches:
         return _failed_check(spec, held, breaches, reason=CHECK_FAILED)
     if not canary_loaded:
@@ -133,6 +134,25 @@ def _failed_check(spec: RolloutSpec, held: RolloutStatus, why: str, reason: str)
         message=f"holding at {held.weight}%: check failed ({failures} of {spec.failure_threshold}): {why}"))
 
 
+def recovered_status(spec: RolloutSpec, stored: RolloutState | None, now: float) -> RolloutStatus | None:
+    """The status to go on from when a rollout has none of its own (its status was lost: a
+    restore, a re-created resource) but the adapter's Redis state is one this spec writes: a
+    promotion stays promoted, a canary keeps its step. None: start over (so does a rollback,
+    whose state does not say which canary it rolled back)."""
+    if stored is None:
+        return None
+    stored = dataclasses.replace(stored, generation=0)
+    common = dict(stable=spec.stable.version, canary=spec.canary.version, failures=0, window_start=now,
+                  message="resumed from the adapter's rollout state (this rollout's status was lost)")
+    if stored == _finished(spec.canary, phase=PROMOTED):
+        return RolloutStatus(phase=PROMOTED, step=len(spec.steps) - 1, weight=100, reason=PROMOTED, **common)
+    for step, weight in enumerate(spec.steps):
+        status = RolloutStatus(phase=PROGRESSING, step=step, weight=weight, reason=RESUMED, **common)
+        if stored == _progressing(spec, status).state:
+            return status
+    return None
+
+
 def _belongs(spec: RolloutSpec, status: RolloutStatus) -> bool:
     if (status.stable, status.canary) != (spec.stable.version, spec.canary.version):
         return False
@@ -143,15 +163,28 @@ def _belongs(spec: RolloutSpec, status: RolloutStatus) -> bool:
     return status.phase == PROGRESSING and 0 <= status.step < len(spec.steps) and spec.steps[status.step] == status.weight
 
 
-def _breaches(spec: RolloutSpec, canary: VersionStats) -> str:
+def _breaches(spec: RolloutSpec, canary: VersionStats, stable: VersionStats | None) -> str:
+    """What the canary's traffic breaks: its error rate above max_error_rate, or above stable's by
+    more than that; its p95 above max_p95_latency_s, or above stable's times max_p95_latency_ratio
+    (stable over the same interval, counted when it had min_requests_per_step requests)."""
     found = []
-    if canary.error_rate is not None and canary.error_rate > spec.max_error_rate:
-        found.append(f"error rate {canary.error_rate:.2%} > {spec.max_error_rate:.2%}")
-    if canary.p95_latency_s is not None and canary.p95_latency_s > spec.max_p95_latency_s:
-        p95 = (f"above {LATENCY_BUCKETS[-2][1] * 1000:g} ms" if math.isinf(canary.p95_latency_s)
-               else f"{canary.p95_latency_s * 1000:g} ms")
-        found.append(f"p95 latency {p95} > {spec.max_p95_latency_s * 1000:g} ms")
+    compared = stable if stable is not None and stable.requests >= spec.min_requests_per_step else None
+    stable_errors = (compared.error_rate or 0.0) if compared else 0.0
+    allowed_errors = spec.max_error_rate + stable_errors
+    if canary.error_rate is not None and canary.error_rate > allowed_errors:
+        against = f" (stable's {compared.error_rate:.2%} + {spec.max_error_rate:.2%})" if compared else ""
+        found.append(f"error rate {canary.error_rate:.2%} > {allowed_errors:.2%}{against}")
+    if canary.p95_latency_s is not None:
+        if canary.p95_latency_s > spec.max_p95_latency_s:
+            found.append(f"p95 latency {_ms(canary.p95_latency_s)} > {spec.max_p95_latency_s * 1000:g} ms")
+        elif compared and compared.p95_latency_s and canary.p95_latency_s > compared.p95_latency_s * spec.max_p95_latency_ratio:
+            found.append(f"p95 latency {_ms(canary.p95_latency_s)} > {spec.max_p95_latency_ratio:g}x stable's "
+                         f"{_ms(compared.p95_latency_s)}")
     return "; ".join(found)
+
+
+def _ms(latency_s: float) -> str:
+    return f"above {LATENCY_BUCKETS[-2][1] * 1000:g} ms" if math.isinf(latency_s) else f"{latency_s * 1000:g} ms"
 
 
 def _progressing(spec: RolloutSpec, status: RolloutStatus) -> StepResult:

@@ -9,7 +9,7 @@ from common.rollout_keys import ADAPTER_STATS_TTL_S, NAME_PATTERN, SHA256_PATTER
 
 POOL_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # a Kubernetes object name (DNS label)
 DEFAULTS = {"steps": [5, 20, 50, 100], "interval": 60, "maxErrorRate": 0.01, "maxP95LatencyMs": 10000,
-            "minRequestsPerStep": 100, "failureThreshold": 3, "allowList": []}
+            "maxP95LatencyRatio": 2.0, "minRequestsPerStep": 100, "failureThreshold": 3, "allowList": []}
 
 
 class RolloutSpecError(ValueError):
@@ -33,6 +33,9 @@ class RolloutSpec:
     interval_s: int  # traffic looked at by each check, and the least time between two steps
     max_error_rate: float
     max_p95_latency_s: float
+    # against the stable version over the same interval (when it had min_requests_per_step): the
+    # canary's error rate may exceed stable's by max_error_rate, its p95 be this many times stable's
+    max_p95_latency_ratio: float
     min_requests_per_step: int
     failure_threshold: int
     allow_list: tuple[str, ...] = ()
@@ -50,6 +53,7 @@ def parse_rollout_spec(spec: dict) -> RolloutSpec:
         interval_s=_integer(spec, "interval", least=1, most=ADAPTER_STATS_TTL_S),
         max_error_rate=_number(spec, "maxErrorRate", least=0.0, most=1.0),
         max_p95_latency_s=_number(spec, "maxP95LatencyMs", least=1.0) / 1000,
+        max_p95_latency_ratio=_number(spec, "maxP95LatencyRatio", least=1.0),
         min_requests_per_step=_integer(spec, "minRequestsPerStep", least=1),
         failure_threshold=_integer(spec, "failureThreshold", least=1),
         allow_list=_allow_list(spec["allowList"]),

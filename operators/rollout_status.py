@@ -10,6 +10,7 @@ from operators.pool_status import _conditions as merge_conditions
 from operators.rollout_policy import Analysis, Readiness, RolloutStatus
 
 INVALID = "Invalid"  # a phase of the resource only: its spec cannot be rolled out
+CONFLICT = "Conflict"  # a phase of the resource only: another AdapterRollout has its adapter
 
 
 def iso(epoch_s: float) -> str:
@@ -66,6 +67,14 @@ def status_from_dict(raw: dict) -> RolloutStatus | None:
 def invalid_spec_status(message: str, previous_conditions: list[dict], now: float) -> dict:
     return {"phase": INVALID, "reason": "InvalidSpec", "message": message,
             "conditions": merge_conditions({"Progressing": ("False", "InvalidSpec", message)},
+                                           previous_conditions, iso(now))}
+
+
+def conflict_status(owner: str, previous_conditions: list[dict], now: float) -> dict:
+    message = (f"its adapter is rolled out by AdapterRollout {owner.rsplit('/', 1)[0]}; this one writes nothing "
+               "until that one is deleted")
+    return {"phase": CONFLICT, "reason": "AdapterTaken", "message": message,
+            "conditions": merge_conditions({"Progressing": ("False", "AdapterTaken", message)},
                                            previous_conditions, iso(now))}
 
 

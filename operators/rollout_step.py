@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from common.redis_keys import live_engines
 from common.rollout_keys import RolloutStateError, read_rollout, version_stats, write_rollout
-from operators.rollout_policy import Readiness, RolloutStatus, StepResult, decide_step, readiness
+from operators.rollout_policy import Readiness, RolloutStatus, StepResult, decide_step, readiness, recovered_status
 from operators.rollout_spec import RolloutSpec
 
 
@@ -20,14 +20,20 @@ class StepOutcome:
 
 
 def run_step(client, release: str, rollout: RolloutSpec, status: RolloutStatus | None, now: float) -> StepOutcome:
-    """Raises what Redis raises; nothing is written then."""
+    """Raises what Redis raises; nothing is written then. Without a status of its own the rollout
+    goes on from the adapter's Redis state when this spec wrote it (`recovered_status`): a lost
+    status must not send users back to a version the rollout had left."""
+    stored = _stored_state(client, release, rollout.adapter)
+    if status is None:
+        status = recovered_status(rollout, stored, now)
     canary = rollout.canary.version
     stats = version_stats(client, release, rollout.adapter, canary, now, rollout.interval_s)
+    stable = version_stats(client, release, rollout.adapter, rollout.stable.version, now, rollout.interval_s)
     ready = readiness(live_engines(client, release), rollout.pool, rollout.adapter, canary)
     result = decide_step(rollout, status, stats, ready.ready, now,
-                         loaded_nowhere=ready.engines > 0 and len(ready.missing) == ready.engines)
+                         loaded_nowhere=ready.engines > 0 and len(ready.missing) == ready.engines, stable=stable)
     generation = None
-    if _stored_state(client, release, rollout.adapter) != result.state:
+    if stored != result.state:
         generation = write_rollout(client, release, rollout.adapter, result.state)
     return StepOutcome(result, ready, generation)
 

@@ -31,7 +31,9 @@ One thread runs `serve`: it blocks on the socket while the engine is idle, and b
 steps only looks for frames without waiting. Frames wait in an Outbox when a peer's
 queue is full (the sockets' high-water marks count frames, i.e. steps' worth of output);
 once the waiting frames carry `max_pending_messages` messages the engine stops stepping
-until they drain, so a slow reader costs memory up to a bound, never a busy loop.
+until they drain, so a slow reader costs memory up to a bound, never a busy loop; a single
+peer whose frames carry `max_pending_messages_per_peer` has stopped reading: its requests are
+aborted and its frames dropped, so that it does not hold the steps back for the others.
 
 Other threads change the engine (e.g. load or unload an adapter) only through
 `call_between_steps`: the serving thread runs the call before its next step."""
@@ -91,6 +93,8 @@ class ServerSettings:
     max_frames_per_step: int = 256  # frames read between two engine steps
     # unsent messages (counted inside the waiting EngineBatch frames) beyond which the engine pauses
     max_pending_messages: int = 5000
+    # a peer whose own waiting frames carry this many has stopped reading: its requests are aborted
+    max_pending_messages_per_peer: int = 1000
     # "name@version" whose requests are failed on purpose (INTERNAL): how tests make a bad canary
     faulty_adapters: frozenset[str] = frozenset()
     health: HealthSettings = HealthSettings()
@@ -322,7 +326,7 @@ class EngineServer:
         if output.error is not None:
             self.metrics.request_errors.labels(code=output.error.code.value).inc()
 
-    def _peer_gone(self, identity: bytes) -> None:
+    def _peer_gone(self, identity: bytes, why: str) -> None:
         orphans = [rid for rid, route in self._routes.items() if route.identity == identity]
         for request_id in orphans:
             route = self._routes.pop(request_id)
@@ -331,7 +335,7 @@ class EngineServer:
                 self._count_finished(output, time.monotonic() - route.admitted_at)
                 self.traces.finished(output)
         if orphans:
-            log.info("peer %s disconnected; aborted its %d requests", identity.hex(), len(orphans))
+            log.warning("peer %s %s; aborted its %d requests", identity.hex(), why, len(orphans))
 
     # --- shutdown -----------------------------------------------------------------------
 
@@ -396,9 +400,10 @@ class EngineServer:
     def _flush(self) -> bool:
         """Send what the peers take now; True if a peer turned out to be gone (its requests aborted)."""
         gone = self._outbox.flush()
-        for identity in gone:
-            self._peer_gone(identity)
-        return bool(gone)
+        stalled = self._outbox.drop_stalled(self.settings.max_pending_messages_per_peer)
+        for identity in gone + stalled:
+            self._peer_gone(identity, "stopped reading" if identity in stalled else "disconnected")
+        return bool(gone or stalled)
 
     def _cancel_calls(self) -> None:
         """Calls that will never run: their callers stop waiting."""

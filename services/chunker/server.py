@@ -105,6 +105,9 @@ class ChunkerServer:
             log.warning("dropped the answer to %r: peer %s is not reading", request_id, identity.hex())
 
     def _split(self, request: k25_pb2.ChunkRequest) -> k25_pb2.ChunkResponse:
+        if request.deadline_unix_s and time.time() > request.deadline_unix_s:
+            raise ChunkerError("DEADLINE_EXCEEDED", "the request's deadline passed before the chunker could take it; "
+                                                    "nobody waits for this answer any more")
         params = params_of(request, self.settings.defaults)
         size = len(request.text.encode("utf-8"))
         if size > self.settings.max_document_bytes:

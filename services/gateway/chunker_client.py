@@ -17,6 +17,7 @@ above its size limit); no answer within `timeout_s` raises ChunkerError(DEADLINE
 
 import asyncio
 import logging
+import time
 import uuid
 
 import zmq
@@ -66,6 +67,8 @@ class ChunkerClient:
             request_id=request_id, text=text, chunk_size=passage_tokens, overlap_ratio=overlap_ratio,
             semantic_threshold=semantic_threshold,
             trace=k25_pb2.TraceContext(traceparent=traceparent, tracestate=tracestate),
+            # the gateway gives up then: a request queued while the chunker was down is not cut after it
+            deadline_unix_s=time.time() + self.timeout_s,
         )
         answer = asyncio.get_running_loop().create_future()
         self._pending[request_id] = answer

@@ -77,7 +77,11 @@ def install_document_routes(app: FastAPI, gateway: Gateway, caller) -> None:
 
     @app.post("/v1/chunks")
     async def chunks(body: ChunksRequest, request: Request, caller: Caller = Depends(caller)):
+        # cutting is charged to the tenant's token rate as the text's tokens, like a prompt
+        ticket = request.state.ticket
+        ticket.reserve(estimated_tokens(body.text))
         split = await split_document(gateway, body, body.text, request.state.span)
+        ticket.use(split.total_tokens)
         return {"object": "list", "total_tokens": split.total_tokens, "data": passage_spans(split)}
 
     @app.post("/v1/documents/ask")

@@ -15,6 +15,7 @@ from services.gateway.api_keys import Caller
 from services.gateway.document_split import SplitFields, passage_spans, split_document
 from services.gateway.document_store import DocumentStore, StoreLimits, TenantLimitReached, new_document_id
 from services.gateway.errors import RETRY_AFTER_S, OpenAIError, invalid_request
+from services.gateway.openai_schema import estimated_tokens
 from services.gateway.request_id import current_request_id
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,11 @@ def install_document_store_routes(app: FastAPI, gateway, caller) -> None:
         refusal = too_large(len(body.text.encode()), settings.max_document_bytes)
         if refusal is not None:
             raise refusal
+        # cutting is charged to the tenant's token rate as the text's tokens, as /v1/chunks is
+        ticket = request.state.ticket
+        ticket.reserve(estimated_tokens(body.text))
         split = await split_document(gateway, body, body.text, request.state.span)
+        ticket.use(split.total_tokens)
         created = int(time.time())
         meta = {"id": new_document_id(), "object": "document", "name": body.name, "metadata": body.metadata,
                 "created": created, "expires_at": created + settings.document_ttl_s, "bytes": len(body.text.encode()),

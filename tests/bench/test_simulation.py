@@ -115,6 +115,22 @@ def test_a_scale_down_removes_starting_pods_first_newest_first():
     assert outcome.ready[55] == 2  # the warm pods stayed; a starting one went...
     assert outcome.ready[75] == 4  # ...one of the two started at t=30, not those of t=10 (ready at 70)
     assert outcome.ready[95] == 5
+    assert (outcome.pods_created, outcome.released_before_ready) == (4, 1)
+
+
+def test_the_view_carries_the_ages_of_starting_pods_and_ready_pods_released_are_not_counted():
+    class UpThenDown(Fixed):
+        period_s = 20.0
+
+        def step(self, view):
+            self.views.append(view)
+            return {10: 4, 90: 2}.get(int(view.now), view.replicas)
+
+    watcher = UpThenDown(0)
+    outcome = simulate(np.full(120, 100.0), watcher, EXACT_START, seed=0)
+    ages = {int(view.now): view.starting_age_s for view in watcher.views}
+    assert ages[10] == () and ages[30] == (20.0, 20.0) and ages[70] == ()
+    assert (outcome.pods_created, outcome.released_before_ready) == (2, 0)  # removed at t=90, ready since t=70
 
 
 def test_the_queue_depth_baseline_scales_on_waiting_requests_per_replica():
@@ -149,15 +165,37 @@ def test_on_a_morning_ramp_the_predictive_policy_has_pods_ready_sooner_than_the_
 def test_simulate_command_prints_json_for_each_seed_and_the_total(capsys, tmp_path):
     plot = tmp_path / "replicas.png"
     assert k25_main(["simulate", "--trace", "flash-crowd", "--days", "0.02", "--seed", "1", "--seeds", "2",
-                     "--json", "--plot", str(plot)]) == 0
+                     "--workers", "1", "--json", "--plot", str(plot)]) == 0
     printed = json.loads(capsys.readouterr().out)
-    assert set(printed) == {"1", "2", "total"}
+    assert set(printed) == {"1", "2", "total", "spread"}
     for policy in POLICIES:
         summed = sum(printed[seed][policy]["seconds_over_capacity"] for seed in ("1", "2"))
         assert printed["total"][policy]["seconds_over_capacity"] == summed
-        assert {"requests_over_capacity", "gpu_hours", "scale_events"} <= set(printed["1"][policy])
+        assert {"requests_over_capacity", "gpu_hours", "scale_events", "released_before_ready",
+                "pods_created"} <= set(printed["1"][policy])
+        seconds = [printed[seed][policy]["seconds_over_capacity"] for seed in ("1", "2")]
+        spread = printed["spread"][policy]["seconds_over_capacity"]
+        assert spread["worst"] == max(seconds) and spread["median"] == sum(seconds) / 2
+        assert printed[str(spread["worst_seed"])][policy]["seconds_over_capacity"] == max(seconds)
     assert printed["total"]["hpa"]["gpu_hours_vs_hpa"] == 1.0
+    assert printed["1"]["predictive"]["seconds_vs_hpa"] == round(
+        printed["1"]["predictive"]["seconds_over_capacity"] / printed["1"]["hpa"]["seconds_over_capacity"], 3)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_simulate_command_runs_seeds_in_parallel_with_the_same_figures(capsys):
+    flags = ["simulate", "--trace", "step", "--days", "0.01", "--seeds", "2", "--policies", "predictive,hpa", "--json"]
+    assert k25_main([*flags, "--workers", "1"]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert k25_main([*flags, "--workers", "2"]) == 0
+    assert json.loads(capsys.readouterr().out) == alone
+    assert set(alone["1"]) == {"predictive", "hpa"}
+
+
+def test_simulate_command_runs_the_policy_as_a_git_revision_had_it_beside_this_one(capsys):
+    assert k25_main(["simulate", "--trace", "step", "--days", "0.01", "--policies", "hpa", "--against", "HEAD",
+                     "--json"]) == 0
+    assert set(json.loads(capsys.readouterr().out)["0"]) == {"hpa", "predictive@HEAD"}
 
 
 def test_simulate_command_prints_a_side_by_side_table(capsys):
@@ -168,7 +206,11 @@ def test_simulate_command_prints_a_side_by_side_table(capsys):
     assert lines[4].startswith("seconds over capacity")
 
 
-@pytest.mark.parametrize("flags, message", [(["--days", "0"], "--days"), (["--seeds", "0"], "--seeds")])
+@pytest.mark.parametrize("flags, message", [
+    (["--days", "0"], "--days"), (["--seeds", "0"], "--seeds"), (["--workers", "0"], "--workers"),
+    (["--policies", "predictive,magic"], "unknown policy magic"),
+    (["--against", "no-such-revision"], "--against: cannot read"), (["--against=-x"], "not a git revision"),
+])
 def test_simulate_command_refuses_nonsense(flags, message):
     with pytest.raises(SystemExit, match=message):
         k25_main(["simulate", *flags])

@@ -204,7 +204,8 @@ def test_rbac_grants_what_the_operator_calls_and_nothing_broad():
             ("k25.io", "enginepools/status", "patch"), ("k25.io", "adapterrollouts", "watch"),
             ("k25.io", "adapterrollouts", "patch"), ("k25.io", "adapterrollouts/status", "patch"),
             ("apps", "deployments", "create"),
-            ("apps", "deployments", "get"), ("apps", "deployments", "patch"), ("apps", "deployments", "delete"),
+            ("apps", "deployments", "get"), ("apps", "deployments", "list"), ("apps", "deployments", "patch"),
+            ("apps", "deployments", "delete"),
             ("apps", "deployments/scale", "patch"), ("", "pods", "list"), ("kopf.dev", "clusterkopfpeerings", "patch")}
     assert used <= granted
     assert not any("*" in (rule["verbs"] + rule["resources"] + rule["apiGroups"]) for rule in rules)

@@ -153,6 +153,25 @@ def test_metrics_count_requests_documents_passages_and_tokens(chunker):
     assert delta("k25_chunker_document_bytes_sum") == len(contract("zh_data_security_rules.txt").encode())
 
 
+def test_a_request_past_its_deadline_is_refused_without_being_cut(chunker):
+    """What a gateway queued while the chunker was down, and gave up on, costs it nothing."""
+    before = chunker.metrics()
+    client = dealer(chunker.address)
+    late = build_request("late", contract("zh_data_security_rules.txt"), 256)
+    late.deadline_unix_s = time.time() - 1
+    refused = ask(client, late)
+    on_time = build_request("on-time", "第一条 总则", 256)
+    on_time.deadline_unix_s = time.time() + 60
+    answered = ask(client, on_time)
+    client.close()
+    after = chunker.metrics()
+    assert k25_pb2.ErrorCode.Name(refused.error.code) == "DEADLINE_EXCEEDED" and refused.request_id == "late"
+    assert not answered.HasField("error") and answered.chunks
+    cut = after.get(("k25_chunker_request_duration_seconds_count", ()), 0) - before.get(
+        ("k25_chunker_request_duration_seconds_count", ()), 0)
+    assert cut == 1  # only the one on time was cut
+
+
 # --- the asyncio client -----------------------------------------------------------------------------------------
 
 
@@ -200,6 +219,28 @@ async def test_client_times_out_with_deadline_exceeded_when_nobody_answers():
     finally:
         client.close()
     assert info.value.code == "DEADLINE_EXCEEDED" and 0.3 <= time.monotonic() - started < 5
+
+
+@pytest.mark.asyncio
+async def test_the_clients_request_carries_the_deadline_it_gives_up_at():
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    client = ChunkerClient(f"tcp://127.0.0.1:{port}", timeout_s=30)
+    try:
+        started = time.time()
+        asking = asyncio.create_task(client.chunk("第一条 总则"))
+        while not router.poll(0, zmq.POLLIN):
+            await asyncio.sleep(0.01)
+        sent_before = time.time()
+        _, frame = router.recv_multipart()
+        request = k25_pb2.ChunkRequest.FromString(frame)
+        assert started <= request.deadline_unix_s - 30 <= sent_before  # when it was asked, plus its timeout
+        asking.cancel()
+    finally:
+        client.close()
+        router.close(linger=0)
+        context.term()
 
 
 @pytest.mark.asyncio

@@ -14,11 +14,12 @@ from common.rollout_keys import (
     RolloutState,
     RolloutStateError,
     adapter_stats_key,
-    delete_rollout,
+    claim_rollout,
     read_all_rollouts,
     read_each_rollout,
     read_rollout,
     record_version_outcomes,
+    release_rollout,
     rollout_channel,
     rollout_index_key,
     rollout_key,
@@ -56,7 +57,7 @@ def test_writes_and_deletes_are_announced_on_the_channel_with_the_adapter_name(r
     assert subscriber.get_message(timeout=1)["type"] == "subscribe"
     write_rollout(redis_client, "rel", "legal", CANARY)
     write_rollout(redis_client, "other", "legal", CANARY)  # another release's channel
-    assert delete_rollout(redis_client, "rel", "legal") is True
+    assert release_rollout(redis_client, "rel", "legal", "test/legal/uid") == 1
     messages = [subscriber.get_message(timeout=1) for _ in range(2)]
     assert [(m["channel"], m["data"]) for m in messages] == [(b"rel:rollouts", b"legal")] * 2
     assert subscriber.get_message(timeout=0.2) is None
@@ -78,11 +79,22 @@ def test_a_state_is_visible_when_its_announcement_arrives(redis_client):
 
 def test_deleting_removes_the_state_and_says_whether_there_was_one(redis_client):
     write_rollout(redis_client, "rel", "legal", CANARY)
-    assert delete_rollout(redis_client, "rel", "legal") is True
+    assert release_rollout(redis_client, "rel", "legal", "test/legal/uid") == 1
     assert read_rollout(redis_client, "rel", "legal") is None
     assert read_all_rollouts(redis_client, "rel") == {}
     assert redis_client.smembers(rollout_index_key("rel")) == set()
-    assert delete_rollout(redis_client, "rel", "legal") is False
+    assert release_rollout(redis_client, "rel", "legal", "test/legal/uid") == 0
+
+
+def test_one_rollout_owns_an_adapter_and_only_its_deletion_removes_the_state(redis_client):
+    assert claim_rollout(redis_client, "rel", "legal", "ns/first/1") == "ns/first/1"
+    assert claim_rollout(redis_client, "rel", "legal", "ns/second/2") == "ns/first/1"
+    write_rollout(redis_client, "rel", "legal", CANARY)
+    assert release_rollout(redis_client, "rel", "legal", "ns/second/2") == -1  # not its state
+    assert read_rollout(redis_client, "rel", "legal") is not None
+    assert release_rollout(redis_client, "rel", "legal", "ns/first/1") == 1
+    assert read_rollout(redis_client, "rel", "legal") is None
+    assert claim_rollout(redis_client, "rel", "legal", "ns/second/2") == "ns/second/2"  # free again
 
 
 def test_read_all_returns_every_adapter_of_the_release_only(redis_client):

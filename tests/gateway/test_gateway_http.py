@@ -20,6 +20,7 @@ from services.gateway.openai_schema import FLOAT32_TINY, ChatCompletionRequest, 
 from services.gateway.prompt_encoder import PromptEncoder
 from services.gateway.service import Gateway
 from services.gateway.settings import GatewaySettings
+from services.gateway.tenant_limits import TenantLimits
 from tests.helpers.redis_server import free_port, module_redis_url  # noqa: F401  (fixture)
 
 KEY = "k25-test-key"
@@ -175,6 +176,18 @@ def test_body_over_the_limit_is_413_with_or_without_content_length(client):
     response = client.post("/v1/chat/completions", content=iter([small[:10], small[10:]]),
                            headers={**AUTH, "Content-Type": "application/json"})
     assert response.status_code == 503  # read whole, parsed, and only then refused for want of engines
+
+
+def test_cutting_a_document_is_charged_to_the_tenants_token_rate(module_redis_url):  # noqa: F811
+    """Before the chunker is asked: a text larger than the tenant's rate can pay is 429 (here no
+    chunker is set, so a text within it reaches the 503 that says so)."""
+    settings = GatewaySettings(model="tiny-random", redis_url=module_redis_url, engine_wait_s=0)
+    gateway = Gateway(settings, load_tokenizer("tiny-random"), redis.Redis.from_url(module_redis_url))
+    keys = ApiKeys({hash_key(KEY): Caller("acme", key_id=hash_key(KEY))}, {"acme": TenantLimits(tokens_per_minute=50)})
+    with TestClient(create_app(gateway, keys)) as client:
+        response = client.post("/v1/chunks", json={"text": "Article 1. Terms. " * 40}, headers=AUTH)
+        assert response.status_code == 429 and response.json()["error"]["code"] == "rate_limit_exceeded"
+        assert client.post("/v1/chunks", json={"text": "Article 1."}, headers=AUTH).status_code == 503
 
 
 def test_without_a_chunker_document_routes_are_503(client):

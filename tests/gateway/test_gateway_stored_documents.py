@@ -1,5 +1,5 @@
 """Stored documents through a `k25 up` stack (tiny model, real chunker, its own Redis) with API
-keys of four tenants: upload, read, list and delete by tenant; another tenant's id is a 404;
+keys of five tenants: upload, read, list and delete by tenant; another tenant's id is a 404;
 the limits answered as OpenAI errors that name them; questions by id read the passages chosen
 for them and say which."""
 
@@ -17,7 +17,7 @@ from tests.helpers.paths import CONTRACTS
 from tests.helpers.up_stack import UP_RELEASE, redis_client
 
 CONTRACT = CONTRACTS / "en_master_services_agreement.txt"
-TENANTS = ("acme", "globex", "few", "small")
+TENANTS = ("acme", "globex", "few", "small", "thrifty")
 LIMITS = ("--gateway-flag=--max-document-bytes=30000", "--gateway-flag=--max-tenant-documents=2",
           "--gateway-flag=--max-tenant-document-bytes=25000")
 
@@ -28,7 +28,8 @@ pytestmark = pytest.mark.slow
 def stack(tmp_path_factory):
     folder = tmp_path_factory.mktemp("stored-documents")
     keys = folder / "keys.json"
-    keys.write_text(json.dumps({"keys": [{"sha256": hash_key(f"key-{t}"), "tenant": t} for t in TENANTS]}))
+    keys.write_text(json.dumps({"keys": [{"sha256": hash_key(f"key-{t}"), "tenant": t} for t in TENANTS],
+                                "tenants": {"thrifty": {"tokens_per_minute": 100}}}))
     service = start_stack(str(folder / "up.log"), "--model", "tiny-random", "--log-dir", str(folder),
                           "--api-keys-file", str(keys), *LIMITS)
     yield service
@@ -133,3 +134,9 @@ def test_a_tenant_past_its_bytes_gets_413_naming_the_limit(stack):
 def test_ask_by_id_errors(stack, body, status, param):
     refused = call(stack, "POST", "/v1/documents/ask", "acme", {"model": "tiny-random", "max_tokens": 2, **body})
     assert refused.status_code == status and param in refused.text
+
+
+def test_an_upload_is_charged_to_the_tenant_s_token_rate(stack):
+    refused = upload(stack, "thrifty", CONTRACT.read_text())
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert call(stack, "GET", "/v1/documents", "thrifty").json()["data"] == []

@@ -351,3 +351,30 @@ async def test_a_pool_naming_an_image_outside_the_allowed_repositories_gets_no_d
                        "the allowed pools get their Deployments")
     assert "'attacker.example/k25-engine:1.2' is not from an allowed repository" in ready["message"]
     assert stored(cluster, DEPLOYMENTS, "theirs-engine") is None
+
+
+async def test_a_new_engine_template_waits_while_another_pool_of_the_release_rolls_out(cluster, operator):
+    """An upgrade that changes every pool's template restarts one pool's engines at a time."""
+    await create_pool(cluster, "a", H100)
+    await create_pool(cluster, "b", H100)
+    await wait_for(lambda: stored(cluster, DEPLOYMENTS, "a-engine") and stored(cluster, DEPLOYMENTS, "b-engine"),
+                   "both Deployments appear")
+    # a is mid-rollout: one pod on the new template, not available yet
+    await cluster.patch(f"/apis/apps/v1/namespaces/{NS}/deployments/a-engine/status",
+                        json={"status": {"replicas": 2, "updatedReplicas": 1, "availableReplicas": 1}})
+
+    def image(deployment: str) -> str:
+        return stored(cluster, DEPLOYMENTS, deployment)["spec"]["template"]["spec"]["containers"][0]["image"]
+
+    await cluster.patch(f"/apis/k25.io/v1alpha1/namespaces/{NS}/enginepools/b", json={"spec": {"image": "k25:2"}})
+
+    def told_to_wait() -> bool:
+        progress = (stored(cluster, POOLS, "b")["metadata"].get("annotations") or {})
+        return any("reconcile_deployment" in key and "waiting for Deployment a-engine" in value
+                   for key, value in progress.items())
+
+    await wait_for(told_to_wait, "b's handler is told to wait for a")
+    assert image("b-engine") == "k25:latest"
+    await cluster.patch(f"/apis/apps/v1/namespaces/{NS}/deployments/a-engine/status",
+                        json={"status": {"replicas": 1, "updatedReplicas": 1, "availableReplicas": 1}})
+    await wait_for(lambda: image("b-engine") == "k25:2", "b rolls once a is done")

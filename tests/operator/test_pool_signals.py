@@ -1,6 +1,8 @@
 """What the operator reads for the predictive policy: pods' start-up times and placement
 (plain dicts as the API returns them), the QPS series and the engines' queues (a real Redis)."""
 
+import datetime
+
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -43,6 +45,16 @@ def test_pod_signals_collect_start_ups_and_count_pods_waiting_for_a_node():
     signals = pod_signals(pods)
     assert sorted(signals.startup_s) == [60.0, 180.0]
     assert signals.unschedulable == 1
+    assert signals.starting_age_s == ()  # no time given: no ages
+
+
+def test_pod_signals_give_the_ages_of_pods_not_ready_yet_leaving_out_those_being_deleted():
+    now = datetime.datetime(2026, 1, 1, 0, 5, tzinfo=datetime.UTC).timestamp()
+    deleting = pod(created="2026-01-01T00:04:00Z")
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:04:30Z"
+    pods = [pod(ready_at="2026-01-01T00:01:00Z"), pod(created="2026-01-01T00:03:00Z"), pod(unschedulable=True),
+            deleting, {"metadata": {}, "status": {}}]
+    assert sorted(pod_signals(pods, now).starting_age_s) == [120.0, 300.0]
 
 
 def test_the_qps_series_is_the_buckets_of_the_last_complete_seconds_oldest_first(redis_server):
@@ -61,6 +73,9 @@ def test_waiting_requests_add_up_and_the_worst_ttft_counts_over_the_pools_live_e
     register_engine(client, "r", "e3", {"pool": "a100", "waiting": 50, "ttft_p95_s": 9.0}, ttl_s=60)
     register_engine(client, "r", "e4", {"pool": "h100", "ttft_p95_s": None}, ttl_s=60)  # no first token lately
     register_engine(client, "r", "e5", {"pool": "h100", "waiting": True, "ttft_p95_s": "slow"}, ttl_s=60)  # garbage
+    # absurd values, as the gateway's bounds see them (ENTRY_LIMITS): they cannot size the pool
+    register_engine(client, "r", "e6", {"pool": "h100", "waiting": 1 << 40, "ttft_p95_s": 1e12}, ttl_s=60)
+    register_engine(client, "r", "e7", {"pool": "h100", "waiting": -5, "ttft_p95_s": float("nan")}, ttl_s=60)
     assert engine_signals(client, "r", "h100") == (7, 2.5)
 
 

@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import pytest
@@ -10,6 +11,7 @@ from operators.predictive_policy import (Forecast, PoolSignals, PredictiveRules,
 
 RULES = ScalingRules(min_replicas=1, max_replicas=20)
 PREDICTIVE = PredictiveRules()
+SEEN = (60.0, 120.0, 180.0, 240.0)  # start-ups the pool has seen
 
 
 def seen(replicas, qps, ready=None, now=1000.0, age=1.0):
@@ -36,9 +38,9 @@ def test_a_flat_series_a_step_and_a_short_series_give_no_trend():
     flat = forecast(PREDICTIVE, (500.0, 520.0) * 120, level=510.0, horizon_s=180.0)
     step = forecast(PREDICTIVE, (300.0,) * 200 + (900.0,) * 40, level=900.0, horizon_s=180.0)
     short = forecast(PREDICTIVE, ramp(100.0, 1.0, seconds=30), level=130.0, horizon_s=180.0)
-    assert flat == Forecast(510.0, 180.0, 0.0)
-    assert step == Forecast(900.0, 180.0, 0.0)  # one half is flat: a step is not a trend
-    assert short == Forecast(130.0, 180.0, 0.0)
+    assert (flat.qps, flat.horizon_s, flat.trend) == (510.0, 180.0, 0.0)
+    assert (step.qps, step.horizon_s, step.trend) == (900.0, 180.0, 0.0)  # one half is flat: a step is not a trend
+    assert (short.qps, short.horizon_s, short.trend) == (130.0, 180.0, 0.0)
 
 
 def test_seconds_without_data_are_left_out_of_the_fit():
@@ -65,8 +67,11 @@ def test_the_horizon_is_the_median_start_up_of_the_pools_pods_or_the_default():
         # above target but within the 10% band: no scale-out yet
         (6, 520.0, PoolSignals((520.0,) * 240), 6, "Steady"),
         (6, 530.0, PoolSignals((530.0,) * 240), 7, "ScaledUp"),
-        # requests queue: the plan wants 7 of which 6 are ready; 4 more hedge for the one missing
-        (6, 530.0, PoolSignals((530.0,) * 240, waiting=100), 11, "QueueGuard"),
+        # requests queue: the plan wants 7 of which 6 are ready; four pods start for the one missing
+        # (one in four is ready within 60 s: (60 + 3) x 60 pod-seconds beat 60 x 240)
+        (6, 530.0, PoolSignals((530.0,) * 240, SEEN, waiting=100), 10, "QueueGuard"),
+        # without a start-up seen, nothing says that more pods would be ready sooner
+        (6, 530.0, PoolSignals((530.0,) * 240, waiting=100), 7, "ScaledUp"),
         # requests queue although every planned pod is ready: one more pod
         (6, 470.0, PoolSignals((470.0,) * 240, waiting=100), 7, "ScaledUpForQueue"),
         # a queue within the guard's threshold changes nothing
@@ -75,6 +80,11 @@ def test_the_horizon_is_the_median_start_up_of_the_pools_pods_or_the_default():
         (6, 479.0, PoolSignals(ramp(240.0, 1.0), (120.0,) * 3, unschedulable=1), 6, "NodesFull"),
         # the load fell below the band and the window is covered: down
         (10, 300.0, PoolSignals((300.0,) * 240), 4, "ScaledDown"),
+        # a steady load is sized up to the scale-out threshold: 650 / 88 QPS, not 650 / 80...
+        (10, 650.0, PoolSignals((650.0,) * 240), 8, "ScaledDown"),
+        # ...a wandering one keeps four standard deviations of room below it (650 + 4 x 50 over 88)
+        (10, 650.0, PoolSignals(tuple(650.0 + (50.0 if t // 10 % 2 else -50.0) for t in range(240))), 9,
+         "ScaledDown"),
         (20, 5000.0, PoolSignals((5000.0,) * 240, waiting=10_000), 20, "AtMaxReplicas"),
     ],
 )
@@ -91,24 +101,43 @@ def test_a_queue_with_every_planned_pod_ready_adds_one_pod_at_a_time():
     assert (ready.replicas, ready.reason) == (8, "ScaledUpForQueue")
 
 
-def test_the_hedge_has_a_ceiling_and_the_step_limit():
-    queueing = PoolSignals((800.0,) * 240, waiting=1000)
-    # the plan wants 10 and 4 are ready: 6 missing would hedge 24, at most 10
-    assert decide_predictive(RULES, PREDICTIVE, seen(12, 800.0, ready=4), queueing, covered(0)).replicas == 20
-    # from 6 requested, one step at most doubles
+def test_the_hedge_stays_within_the_step_limit_and_max():
+    queueing = PoolSignals((800.0,) * 240, SEEN, waiting=1000)
+    # the plan wants 10 and 4 are ready: worth starting many, but one step at most doubles...
     assert decide_predictive(RULES, PREDICTIVE, seen(6, 800.0, ready=4), queueing, covered(0)).replicas == 12
+    # ...and never beyond max
+    small = ScalingRules(min_replicas=1, max_replicas=10)
+    assert decide_predictive(small, PREDICTIVE, seen(6, 800.0, ready=4), queueing, covered(0)).replicas == 10
 
 
-def test_a_bigger_pool_hedges_up_to_a_share_of_its_ready_pods():
-    rules = ScalingRules(min_replicas=1, max_replicas=100)
-    queueing = PoolSignals((3200.0,) * 240, waiting=5000)
-    # the plan wants 40 and 20 are ready: 20 missing would hedge 80; the ceiling is 0.7 x 20 = 14, not 10
-    assert decide_predictive(rules, PREDICTIVE, seen(40, 3200.0, ready=20), queueing, covered(0)).replicas == 54
-    fixed = PredictiveRules(max_hedge_share=0.0)
-    assert decide_predictive(rules, fixed, seen(40, 3200.0, ready=20), queueing, covered(0)).replicas == 50
-    # a share below the fixed ceiling leaves the fixed ceiling
-    assert decide_predictive(rules, PREDICTIVE, seen(24, 1920.0, ready=12), PoolSignals((1920.0,) * 240, waiting=5000),
-                             covered(0)).replicas == 34
+def test_the_hedge_counts_pods_already_starting_by_their_age():
+    queueing = PoolSignals((530.0,) * 240, SEEN * 2, waiting=100)  # 8 start-ups seen: ages count
+    young = decide_predictive(RULES, PREDICTIVE, seen(7, 530.0, ready=6), dataclasses.replace(
+        queueing, starting_age_s=(0.0,)), covered(0))
+    nearly = decide_predictive(RULES, PREDICTIVE, seen(7, 530.0, ready=6), dataclasses.replace(
+        queueing, starting_age_s=(235.0,)), covered(0))
+    assert young.replicas == 10 and young.reason == "QueueGuard"  # as if none were starting
+    assert nearly.replicas == 7  # the missing pod is due within 5 s: nothing is worth starting
+
+
+def test_a_higher_price_of_being_over_capacity_starts_more_pods():
+    queueing = PoolSignals((800.0,) * 240, SEEN, waiting=1000)
+    counts = [decide_predictive(RULES, PredictiveRules(over_capacity_pod_s=price), seen(8, 800.0, ready=6), queueing,
+                                covered(0)).replicas for price in (0.0, 20.0, 60.0, 200.0)]
+    assert counts == sorted(counts) and counts[0] == 10 and counts[-1] > counts[0]
+
+
+def test_a_starting_pod_is_kept_while_its_expected_use_is_worth_its_cost():
+    """10 ready and 2 starting for a load that 10 serve: a pod nearly ready that the load may
+    still need is kept, one 40 s from ready is not worth it; pods just created for a load that
+    will not need them are released."""
+    wobbly = tuple(760.0 + (100.0 if t // 10 % 2 else -100.0) for t in range(240))  # 10 s blocks 660 / 860
+    kept = decide_predictive(RULES, PREDICTIVE, seen(12, 790.0, ready=10), PoolSignals(
+        wobbly, SEEN * 2, starting_age_s=(235.0, 200.0)), covered(0))
+    assert (kept.replicas, kept.reason) == (11, "StartingPodsKept")
+    released = decide_predictive(RULES, PREDICTIVE, seen(12, 600.0, ready=10), PoolSignals(
+        (600.0,) * 240, SEEN * 2, starting_age_s=(5.0, 5.0)), covered(10))
+    assert (released.replicas, released.reason) == (10, "ScaledDown")  # the window keeps the ready ones
 
 
 def test_the_decision_reports_the_forecast_and_why():
@@ -135,15 +164,15 @@ SLO = PredictiveRules(ttft_slo_s=2.0)
     # first tokens take longer than the SLO with every planned pod ready: one more pod
     (SLO, 6, 470.0, 3.0, 7, "ScaledUpForLatency"),
     # ... and while the plan still lacks a ready pod, it hedges as the queue guard does
-    (SLO, 6, 530.0, 3.0, 11, "LatencyGuard"),
+    (SLO, 6, 530.0, 3.0, 10, "LatencyGuard"),
     # within the SLO, without a first token lately, or with no SLO set: nothing changes
     (SLO, 6, 470.0, 1.5, 6, "Steady"),
     (SLO, 6, 470.0, None, 6, "Steady"),
     (PREDICTIVE, 6, 470.0, 30.0, 6, "Steady"),
 ])
 def test_the_latency_guard_adds_when_first_tokens_miss_the_slo(predictive, replicas, qps, ttft, expected, reason):
-    decision = decide_predictive(RULES, predictive, seen(replicas, qps), PoolSignals((qps,) * 240, ttft_p95_s=ttft),
-                                 covered(0))
+    decision = decide_predictive(RULES, predictive, seen(replicas, qps),
+                                 PoolSignals((qps,) * 240, SEEN, ttft_p95_s=ttft), covered(0))
     assert (decision.replicas, decision.reason) == (expected, reason)
     assert ttft is None or predictive.ttft_slo_s is None or f"TTFT p95 {ttft:.2f}s (SLO 2s)" in decision.message
 
@@ -169,11 +198,11 @@ def test_rules_refuse_nonsense():
     with pytest.raises(ValueError, match="min_points"):
         PredictiveRules(fit_window_s=10, min_points=20)
     with pytest.raises(ValueError, match="negative"):
-        PredictiveRules(hedge=-1)
-    with pytest.raises(ValueError, match="negative"):
-        PredictiveRules(max_hedge_pods=-1)
-    with pytest.raises(ValueError, match="negative"):
-        PredictiveRules(max_hedge_share=-0.1)
+        PredictiveRules(over_capacity_pod_s=-1)
+    with pytest.raises(ValueError, match="block_s"):
+        PredictiveRules(block_s=0)
+    with pytest.raises(ValueError, match="sizing_sigmas"):
+        PredictiveRules(sizing_sigmas=-1.0)
     with pytest.raises(ValueError, match="down_tolerance"):
         PredictiveRules(down_tolerance=1.0)
     with pytest.raises(ValueError, match="queue_per_replica"):
@@ -206,11 +235,11 @@ def test_never_outside_the_bounds_nor_growing_while_pods_wait_for_nodes(observat
 
 @settings(max_examples=300, deadline=None)
 @given(observations, signals, histories)
-def test_the_guards_and_the_forecast_only_add(observation, signal, history):
-    """Against the same policy fed the observed QPS only, with no queue and no TTFT: never fewer
-    replicas (the one exception, pods waiting for nodes, only ever holds the current size)."""
+def test_the_guards_only_add(observation, signal, history):
+    """Against the same policy fed the same signals but no queue and no TTFT: never fewer replicas."""
     for predictive in (PREDICTIVE, SLO):
-        bare = decide_predictive(RULES, predictive, observation, PoolSignals(unschedulable=signal.unschedulable), history)
+        bare = decide_predictive(RULES, predictive, observation,
+                                 dataclasses.replace(signal, waiting=None, ttft_p95_s=None), history)
         full = decide_predictive(RULES, predictive, observation, signal, history)
         assert full.replicas >= bare.replicas
 
@@ -225,8 +254,9 @@ def test_missing_qps_always_holds_within_the_bounds(observation, signal, history
 
 
 def test_the_reactive_policy_is_what_it_builds_on():
-    """Without a trend, queue or band effect, the predictive plan is the reactive one."""
-    for replicas, qps in ((4, 4 * 95.0), (10, 10 * 50.0), (3, 0.0)):
+    """Without a trend, a queue, or a smaller pool that fits within half the tolerance, the
+    predictive plan is the reactive one."""
+    for replicas, qps in ((4, 4 * 95.0), (10, 10 * 45.0), (3, 0.0)):
         reactive = decide(RULES, seen(replicas, qps), covered(0))
         predictive = decide_predictive(RULES, PREDICTIVE, seen(replicas, qps), PoolSignals((qps,) * 240), covered(0))
         assert predictive.replicas == reactive.replicas == max(1, math.ceil(qps / 80))

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.rollout_keys import LATENCY_BUCKETS, VersionStats
-from operators.rollout_policy import RolloutStatus, decide_step, readiness
+from operators.rollout_policy import RolloutStatus, decide_step, readiness, recovered_status
 from operators.rollout_spec import parse_rollout_spec
 
 SHA_A, SHA_B = "a" * 64, "b" * 64
@@ -185,3 +185,38 @@ def test_weights_stay_on_the_steps_and_never_advance_without_a_passing_check(cas
             if after.phase == "Promoted":
                 assert after.weight == 100 and state.stable_version == spec.canary.version
         status = after
+
+
+def test_a_lost_status_goes_on_from_the_state_this_spec_wrote():
+    """A promoted rollout whose status was lost stays promoted (not back to 5% of users on the new
+    version and 95% on the old), a canary keeps its step, and a state this spec did not write
+    (another canary, a weight off the steps) starts over; so does a rollback, whose state (the
+    stable version alone) would equally be that of a new rollout of another canary."""
+    promoted = decide_step(SPEC, at(3), HEALTHY, True, NOW)
+    assert recovered_status(SPEC, promoted.state, NOW).phase == "Promoted"
+    assert decide_step(SPEC, recovered_status(SPEC, promoted.state, NOW), HEALTHY, True, NOW).state == promoted.state
+    rolled_back = decide_step(SPEC, at(2, failures=2), ERRORS, True, NOW)
+    assert recovered_status(SPEC, rolled_back.state, NOW) is None
+    advanced = decide_step(SPEC, at(1), HEALTHY, True, NOW)  # to step 2, 50%
+    resumed = recovered_status(SPEC, advanced.state, NOW)
+    assert (resumed.phase, resumed.step, resumed.weight, resumed.reason) == ("Progressing", 2, 50, "Resumed")
+    other = parse_rollout_spec({**SPEC_FIELDS, "canary": {"version": "v3", "source": "legal/v3", "sha256": SHA_A}})
+    assert recovered_status(other, advanced.state, NOW) is None
+    assert recovered_status(SPEC, dataclasses.replace(advanced.state, canary_weight=30), NOW) is None
+    assert recovered_status(SPEC, None, NOW) is None
+
+
+@pytest.mark.parametrize("canary, stable, failed", [
+    (stats(p95=0.25), stats(p95=0.1), "p95 latency 250 ms > 2x stable's 100 ms"),
+    (stats(p95=0.25), stats(p95=0.25), None),  # as slow as stable: the version is not to blame
+    (stats(p95=0.25), stats(requests=99, p95=0.1), None),  # too little stable traffic to compare with
+    (stats(errors=9), stats(errors=6), None),  # 6% against stable's 4% + 5%
+    (stats(errors=9), stats(errors=0), "error rate 6.00% > 5.00% (stable's 0.00% + 5.00%)"),
+    (stats(p95=0.5), None, None),  # no stable figures: the absolute limits only (1000 ms here)
+])
+def test_a_check_compares_the_canary_with_the_stable_version_over_the_same_interval(canary, stable, failed):
+    result = decide_step(SPEC, at(1), canary, True, NOW, stable=stable)
+    if failed is None:
+        assert result.status.reason == "Advanced"
+    else:
+        assert result.status.reason == "CheckFailed" and failed in result.status.message

@@ -72,6 +72,19 @@ image's (tag and digest cut off, as operators/image_policy.py reads them) and op
 {{- if not (or .Values.redis.external.url .Values.redis.external.existingSecret) -}}true{{- end -}}
 {{- end -}}
 
+{{/* "true" when a hook Job makes the chart's Redis Secret in the cluster (generatedSecrets job, the
+chart's own Redis, no Secret or password of yours) */}}
+{{- define "k25.redisSecretGeneratedInCluster" -}}
+{{- $redis := .Values.redis -}}
+{{- if and (eq .Values.generatedSecrets "job") (include "k25.bundledRedis" .) (not $redis.auth.existingSecret) (not $redis.auth.password) -}}true{{- end -}}
+{{- end -}}
+
+{{/* "true" when a hook Job makes the release's CURVE key Secret in the cluster */}}
+{{- define "k25.transportSecretGeneratedInCluster" -}}
+{{- $curve := .Values.transport.curve -}}
+{{- if and (eq .Values.generatedSecrets "job") $curve.enabled (not $curve.existingSecret) -}}true{{- end -}}
+{{- end -}}
+
 {{/* The Secret whose key redis-url every component and engine reads (and, for the chart's
 Redis, whose key redis-password is its requirepass): one of yours, or the chart's. */}}
 {{- define "k25.redisSecret" -}}
@@ -122,7 +135,7 @@ with peering "clusterkopfpeerings", or in a Role of the release's namespace with
   verbs: [get, patch]
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, create, patch, delete]
+  verbs: [get, list, create, patch, delete]
 - apiGroups: [apps]
   resources: [deployments/scale]
   verbs: [get, patch]

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from common.rollout_keys import PROGRESSING, RolloutState, delete_rollout, write_rollout
+from common.rollout_keys import PROGRESSING, RolloutState, release_rollout, write_rollout
 from engine.serve.rollout_watcher import adapter_changes
 from tests.helpers.engine_process import dealer, receive_until_done, send, start_engine, wait_until
 from tests.helpers.lora_helpers import adapter_request, checksum, peft_references, save_tiny_llama_with_adapters
@@ -109,7 +109,7 @@ def test_the_engine_follows_the_rollout_state_while_serving(world, engine):
     refused = [r for r in results if isinstance(r, str)]
     assert all("not loaded" in r for r in refused), refused[:3]  # sent after the unload: refused whole
 
-    delete_rollout(engine.redis, RELEASE, "legal")
+    release_rollout(engine.redis, RELEASE, "legal", "test/legal/uid")
     wait_until(lambda: engine.registry_entry()["adapters"] == [], what="the adapter unloaded with its rollout")
     client.close()
 
@@ -125,5 +125,5 @@ def test_a_bad_checksum_is_not_loaded_and_the_engine_keeps_serving(world, engine
     assert engine.registry_entry()["adapters"] == []
     client = dealer(engine.address)
     assert served(client, prompt, "legal1") != references["legal1"]  # refused, not served
-    delete_rollout(engine.redis, RELEASE, "legal")
+    release_rollout(engine.redis, RELEASE, "legal", "test/legal/uid")
     client.close()

@@ -53,3 +53,24 @@ def test_a_peer_that_is_gone_is_reported_and_its_messages_dropped(pair):
     outbox.put(identity, b"z")
     assert outbox.flush() == [b"nobody"]
     assert outbox.pending == 0
+
+
+def test_a_peer_that_stopped_reading_is_dropped_at_its_bound_and_the_others_are_not(pair):
+    router, _, identity = pair
+    reader = router.context.socket(zmq.DEALER)
+    reader.connect(router.getsockopt_string(zmq.LAST_ENDPOINT))
+    reader.send(b"hello")
+    other, _ = router.recv_multipart()
+    outbox = Outbox(router)
+    for _ in range(40):
+        outbox.put(identity, bytes(1_000_000), messages=10)  # kernel buffers fill: most wait here
+    outbox.flush()
+    stuck = outbox.pending
+    assert stuck >= 50
+    outbox.put(other, b"y", messages=3)
+    assert outbox.drop_stalled(limit=10_000) == []  # under the bound: it may still catch up
+    assert outbox.drop_stalled(limit=50) == [identity]
+    assert (outbox.pending, outbox.pending_frames) == (3, 1)  # the reader's frame is still there
+    assert outbox.flush() == [] and outbox.pending == 0
+    assert reader.poll(10_000, zmq.POLLIN) and reader.recv() == b"y"
+    reader.close(linger=0)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pytest
 import redis
 
-from common.rollout_keys import RolloutState, delete_rollout, rollout_channel, rollout_key, write_rollout
+from common.rollout_keys import RolloutState, release_rollout, rollout_channel, rollout_key, write_rollout
 from engine.base.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.model.loader import load_model
@@ -105,7 +105,7 @@ def test_a_redis_that_comes_back_empty_unloads_nothing_and_an_announced_deletion
                    timeout_s=60, what="the watcher reconciling with the empty Redis")
     assert watching.adapters() == ("legal@legal1",)
 
-    delete_rollout(watching.redis, RELEASE, "legal")  # announced: a deletion, though there was nothing left to delete
+    release_rollout(watching.redis, RELEASE, "legal", "test/legal/uid")  # announced: a deletion, though there was nothing left to delete
     watching.wait_for_adapters()
 
 

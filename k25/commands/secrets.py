@@ -1,0 +1,44 @@
+"""`k25 secrets ensure`: create the release's generated Secrets in the cluster when they do not
+exist yet, and keep them when they do (the chart's hook Job with `generatedSecrets: job`, so that
+`helm template` under Argo CD or Flux renders the same manifests every time)."""
+
+import sys
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("secrets", help="create the release's generated Secrets in the cluster if absent",
+                                   description=__doc__)
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    ensure = actions.add_parser("ensure", help="create each named Secret that does not exist; keep the others")
+    ensure.add_argument("--namespace", required=True, help="where the Secrets live (the release's namespace)")
+    ensure.add_argument("--redis-secret", metavar="NAME",
+                        help="a Secret with a new Redis password (redis-password) and the URL of REDIS_HOST with it "
+                             "(redis-url)")
+    ensure.add_argument("--redis-host", metavar="HOST", help="the chart's Redis Service, for the URL")
+    ensure.add_argument("--transport-secret", metavar="NAME", help="a Secret with a new CURVE key (curve-secret-key)")
+    ensure.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="a label of each Secret made")
+    ensure.set_defaults(handler=run_ensure)
+
+
+def run_ensure(args) -> int:
+    import kubernetes
+
+    from operators.generated_secrets import SecretError, ensure_secret, redis_secret_data, transport_secret_data
+    from operators.kube import load_client_configuration
+
+    if args.redis_secret and not args.redis_host:
+        print("k25 secrets ensure: --redis-secret needs --redis-host (the URL names it)", file=sys.stderr)
+        return 2
+    labels = dict(label.partition("=")[::2] for label in args.label)
+    wanted = [(name, make) for name, make in ((args.redis_secret, lambda: redis_secret_data(args.redis_host)),
+                                              (args.transport_secret, transport_secret_data)) if name]
+    with kubernetes.client.ApiClient(load_client_configuration()) as client:
+        core = kubernetes.client.CoreV1Api(client)
+        for name, make in wanted:
+            try:
+                made = ensure_secret(core, args.namespace, name, make, labels)
+            except SecretError as error:
+                print(f"k25 secrets ensure: {error}", file=sys.stderr)
+                return 1
+            print(f"k25 secrets ensure: {args.namespace}/{name} {'created' if made else 'kept as it was'}")
+    return 0

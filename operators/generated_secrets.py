@@ -1,0 +1,65 @@
+"""The release's generated credentials, made inside the cluster once and never rendered by Helm.
+
+Helm's `lookup` cannot see the cluster under `helm template`, which is how Argo CD and Flux
+render a chart: there every render would make new random credentials while running pods keep
+the old ones. With `generatedSecrets: job` the chart renders only the Secrets' names, and a
+hook Job runs `k25 secrets ensure`, which creates each Secret that does not exist yet and leaves
+one that does exactly as it is: every render of the chart is the same, and the credentials stay
+what they were at install."""
+
+import base64
+import secrets
+
+import kubernetes
+
+from common.zmq_curve import new_secret_key
+from operators.config import CURVE_SECRET_KEY_KEY, REDIS_URL_KEY
+
+REDIS_PASSWORD_KEY = "redis-password"
+PASSWORD_CHARS = 32
+
+
+class SecretError(Exception):
+    """A Secret exists under the name but lacks what the release reads from it."""
+
+
+def redis_secret_data(redis_host: str) -> dict[str, str]:
+    """A new password and the URL every part reads (letters and digits: safe in a URL as they are)."""
+    password = "".join(secrets.choice("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+                       for _ in range(PASSWORD_CHARS))
+    return {REDIS_PASSWORD_KEY: password, REDIS_URL_KEY: f"redis://:{password}@{redis_host}:6379/0"}
+
+
+def transport_secret_data() -> dict[str, str]:
+    return {CURVE_SECRET_KEY_KEY: new_secret_key()}
+
+
+def secret_body(name: str, data: dict[str, str], labels: dict[str, str]) -> dict:
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": name, "labels": dict(labels)},
+            "data": {key: base64.b64encode(value.encode()).decode() for key, value in data.items()}}
+
+
+def ensure_secret(core: kubernetes.client.CoreV1Api, namespace: str, name: str, make_data, labels: dict[str, str]) -> bool:
+    """Create the Secret when absent (True); keep it when present and holding every key `make_data`
+    makes (False); SecretError when present without them. Two Jobs racing: the loser's create gets
+    409 and keeps the winner's."""
+    expected = make_data()
+    try:
+        existing = core.read_namespaced_secret(name, namespace)
+    except kubernetes.client.ApiException as error:
+        if error.status != 404:
+            raise
+    else:
+        missing = sorted(set(expected) - set(existing.data or {}))
+        if missing:
+            raise SecretError(f"Secret {namespace}/{name} exists without {', '.join(missing)}: delete it to have it "
+                              "made again, or name a Secret of yours in the chart's values")
+        return False
+    try:
+        core.create_namespaced_secret(namespace, secret_body(name, expected, labels))
+    except kubernetes.client.ApiException as error:
+        if error.status == 409:
+            return False
+        raise
+    return True

@@ -1,0 +1,61 @@
+"""`k25 secrets ensure` against kmock's Kubernetes emulator: a Secret that does not exist is made
+with what the release reads from it, one that exists is kept byte for byte (so the credentials
+stay what they were at install, however often the chart is rendered), and one that exists
+without those keys is a clear error, never overwritten."""
+
+import asyncio
+import base64
+import urllib.parse
+
+import kmock
+import kubernetes
+import pytest
+
+from common.zmq_curve import checked_secret_key
+from operators.generated_secrets import SecretError, ensure_secret, redis_secret_data, transport_secret_data
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.kmock(cls=kmock.KubernetesEmulator)]
+NS = "serving"
+SECRETS = "v1/secrets"
+
+
+@pytest.fixture
+def core(kmock):
+    kmock.resources[SECRETS] = kmock.ResourceInfo(kind="Secret", namespaced=True)
+    configuration = kubernetes.client.Configuration(host=str(kmock.url).rstrip("/"))
+    with kubernetes.client.ApiClient(configuration) as client:
+        yield kubernetes.client.CoreV1Api(client)
+
+
+def decoded(kmock, name: str) -> dict[str, str]:
+    stored = kmock.objects[SECRETS, NS, name]
+    return {key: base64.b64decode(value).decode() for key, value in stored["data"].items()}
+
+
+async def test_absent_secrets_are_made_with_what_the_release_reads(kmock, core):
+    made = await asyncio.gather(
+        asyncio.to_thread(ensure_secret, core, NS, "k25-redis", lambda: redis_secret_data("k25-redis"), {"app": "k25"}),
+        asyncio.to_thread(ensure_secret, core, NS, "k25-transport", transport_secret_data, {"app": "k25"}))
+    assert made == [True, True]
+    redis_data = decoded(kmock, "k25-redis")
+    url = urllib.parse.urlsplit(redis_data["redis-url"])
+    assert (url.password, url.hostname, url.port) == (redis_data["redis-password"], "k25-redis", 6379)
+    assert len(redis_data["redis-password"]) >= 32
+    key = decoded(kmock, "k25-transport")["curve-secret-key"]
+    assert checked_secret_key(key) == key.encode()  # what every part checks at start
+
+
+async def test_an_existing_secret_is_kept_as_it_was(kmock, core):
+    await asyncio.to_thread(ensure_secret, core, NS, "k25-transport", transport_secret_data, {})
+    before = decoded(kmock, "k25-transport")
+    for _ in range(3):  # every upgrade, every GitOps sync
+        assert await asyncio.to_thread(ensure_secret, core, NS, "k25-transport", transport_secret_data, {}) is False
+    assert decoded(kmock, "k25-transport") == before
+
+
+async def test_a_secret_without_the_keys_the_release_reads_is_an_error_and_left_alone(kmock, core):
+    kmock.objects[SECRETS, NS, "k25-redis"] = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "k25-redis",
+                                               "namespace": NS}, "data": {"other": "eA=="}}
+    with pytest.raises(SecretError, match="exists without redis-password, redis-url"):
+        await asyncio.to_thread(ensure_secret, core, NS, "k25-redis", lambda: redis_secret_data("h"), {})
+    assert kmock.objects[SECRETS, NS, "k25-redis"]["data"] == {"other": "eA=="}
