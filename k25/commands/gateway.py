@@ -39,8 +39,20 @@ def register(subparsers) -> None:
     p.add_argument("--document-fanout", type=int, default=8,
                    help="engine requests (one per passage) that one /v1/documents/ask runs at once (default 8)")
     p.add_argument("--max-document-passages", type=int, default=256,
-                   help="passages one /v1/documents/ask may be cut into, one engine request each; a document cut into "
-                   "more is refused with 400 (default 256)")
+                   help="passages one /v1/documents/ask may read, one engine request each (its fan-out); a question "
+                   "asking for more is refused with 400 (default 256)")
+    p.add_argument("--document-passages-read", type=int, default=4,
+                   help="passages a /v1/documents/ask question reads when it does not say (its `passages` field): "
+                   "the ones that bear most on the question (default 4)")
+    p.add_argument("--max-document-bytes", type=int, default=4 << 20,
+                   help="largest text POST /v1/documents stores, UTF-8 bytes; larger: 413 (default 4 MiB)")
+    p.add_argument("--max-tenant-document-bytes", type=int, default=64 << 20,
+                   help="what one tenant's stored documents may take in Redis, text and passages; past it: 413 "
+                   "(default 64 MiB)")
+    p.add_argument("--max-tenant-documents", type=int, default=1000,
+                   help="documents one tenant may store at once; past it: 400 (default 1000)")
+    p.add_argument("--document-ttl-s", type=int, default=7 * 24 * 3600,
+                   help="a stored document is deleted this many seconds after its upload (default 604800, 7 days)")
     p.add_argument("--prefix-index-max-blocks", type=int, default=262_144,
                    help="prompt block hashes remembered for cache-aware routing, about 130-180 bytes each (default 262144)")
     p.add_argument("--share-prefix-cache-across-tenants", action="store_true",
@@ -82,7 +94,9 @@ def run(args) -> int:
         max_body_bytes=args.max_body_bytes, max_inflight=args.max_inflight, body_timeout_s=args.body_timeout_s,
         max_body_bytes_in_flight=args.max_body_bytes_in_flight,
         tokenizer_threads=args.tokenizer_threads, document_fanout=args.document_fanout,
-        max_document_passages=args.max_document_passages,
+        max_document_passages=args.max_document_passages, document_passages_read=args.document_passages_read,
+        max_document_bytes=args.max_document_bytes, max_tenant_document_bytes=args.max_tenant_document_bytes,
+        max_tenant_documents=args.max_tenant_documents, document_ttl_s=args.document_ttl_s,
         prefix_index_max_blocks=args.prefix_index_max_blocks,
         share_prefix_cache_across_tenants=args.share_prefix_cache_across_tenants,
         pools=tuple(args.pools), engine_wait_s=args.engine_wait_s, engine_error_window_s=args.engine_error_window_s,
@@ -116,7 +130,12 @@ def _bad_flags(settings) -> str | None:
         return "--prefix-index-max-blocks must be at least 1"
     for flag, value in (("--max-inflight", settings.max_inflight), ("--tokenizer-threads", settings.tokenizer_threads),
                         ("--document-fanout", settings.document_fanout),
-                        ("--max-document-passages", settings.max_document_passages)):
+                        ("--max-document-passages", settings.max_document_passages),
+                        ("--document-passages-read", settings.document_passages_read),
+                        ("--max-document-bytes", settings.max_document_bytes),
+                        ("--max-tenant-document-bytes", settings.max_tenant_document_bytes),
+                        ("--max-tenant-documents", settings.max_tenant_documents),
+                        ("--document-ttl-s", settings.document_ttl_s)):
         if value < 1:
             return f"{flag} must be at least 1"
     if len({name for name, _ in settings.pools}) != len(settings.pools):

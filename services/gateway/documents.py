@@ -1,8 +1,8 @@
-"""Long-document questions: map the question over the document's passages, reduce the notes
-into one answer, and cite the passages it drew on.
+"""Long-document questions: choose the passages that bear on the question, map the question over
+them, reduce the notes into one answer, and cite the passages it drew on.
 
-The prompts, the citation choice, the bound on passages per question and what a question may
-cost are pure functions; `take_notes` runs the map requests concurrently, a bounded number at
+The prompts, the passages' choice, the citation choice, the bound on passages per question and
+what a question may cost are pure functions; `take_notes` runs the map requests concurrently, a bounded number at
 a time, and when one fails stops the others (their engine requests are cancelled) before the
 error is answered.
 """
@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 from services.gateway.errors import OpenAIError, invalid_request
+from services.gateway.passage_ranker import rank
 
 NOTHING = "NOTHING"
 # tokens a prompt adds to what it quotes: the system message, the template's turns, the instructions
@@ -68,13 +69,18 @@ def reduce_messages(question: str, passages: list[Passage]) -> list[dict]:
     ]
 
 
-def too_many_passages(passages: int, limit: int, passage_tokens: int | None) -> OpenAIError | None:
-    """The refusal of a document cut into more passages than one request may ask about, or None."""
+def too_many_passages(passages: int, limit: int) -> OpenAIError | None:
+    """The refusal of a question asked to read more passages than one request may fan out to, or None."""
     if passages <= limit:
         return None
-    budget = f"passage_tokens {passage_tokens}" if passage_tokens else "the chunker's default passage_tokens"
-    return invalid_request(f"the document is cut into {passages} passages at {budget}; a question may read at most "
-                           f"{limit}: ask about a shorter document or use larger passages", "document", "too_many_passages")
+    return invalid_request(f"a question may read at most {limit} passages (--max-document-passages); {passages} were "
+                           f"asked for", "passages", "too_many_passages")
+
+
+def choose_passages(question: str, passages: list[Passage], count: int) -> list[Passage]:
+    """The `count` passages that bear most on the question, best first (passage_ranker.py)."""
+    order = rank(question, [p.text for p in passages])
+    return [passages[i] for i in order[:count]]
 
 
 def question_cost(passage_tokens: list[int], question_tokens: int, note_max_tokens: int, max_tokens: int) -> int:
@@ -92,15 +98,20 @@ def citations(answer: str, passages: list[Passage]) -> list[dict]:
     return [p.citation() for p in (cited or [p for p in passages if p.relevant])]
 
 
-async def take_notes(question: str, passages: list[Passage], note, concurrency: int) -> list[Passage]:
+async def take_notes(question: str, passages: list[Passage], note, concurrency: int, noted=None) -> list[Passage]:
     """Run `note(messages)` for every passage, at most `concurrency` at once; the passages with
-    their notes, in order. The first failure cancels every other note and is raised once they
-    have all stopped."""
+    their notes, in order. `noted(passage)`, if given, is called with each passage and its note as
+    it is taken. The first failure cancels every other note and is raised once they have all
+    stopped."""
     running = asyncio.Semaphore(concurrency)
 
-    async def one(passage: Passage) -> str:
+    async def one(passage: Passage) -> Passage:
         async with running:
-            return await note(map_messages(question, passage))
+            text = await note(map_messages(question, passage))
+        taken = Passage(passage.index, passage.anchor, passage.start_char, passage.end_char, passage.text, text)
+        if noted is not None:
+            noted(taken)
+        return taken
 
     tasks = [asyncio.create_task(one(p)) for p in passages]
     try:
@@ -110,4 +121,4 @@ async def take_notes(question: str, passages: list[Passage], note, concurrency: 
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
-    return [Passage(p.index, p.anchor, p.start_char, p.end_char, p.text, n) for p, n in zip(passages, notes)]
+    return list(notes)

@@ -23,7 +23,13 @@ class GatewaySettings:
     max_inflight: int = 2048  # requests in flight beyond which new ones get 503 at once
     tokenizer_threads: int = 4  # threads that render chat templates and tokenise, off the event loop
     document_fanout: int = 8  # engine requests (one per passage) that one /v1/documents/ask runs at once
-    max_document_passages: int = 256  # passages one /v1/documents/ask may have; more: 400
+    max_document_passages: int = 256  # passages one question may read (its fan-out); more: 400
+    document_passages_read: int = 4  # passages a question reads when it does not say (`passages` field)
+    # stored documents (POST /v1/documents), in the release's Redis
+    max_document_bytes: int = 4 << 20  # a document's text, UTF-8; more: 413
+    max_tenant_document_bytes: int = 64 << 20  # text and passages of all a tenant's documents; more: 413
+    max_tenant_documents: int = 1000  # documents a tenant may store at once; more: 400
+    document_ttl_s: int = 7 * 24 * 3600  # a stored document expires this long after its upload
     engine_connect_timeout_s: float = 1.0
     zmq_sndhwm: int = 5000
     zmq_rcvhwm: int = 5000

@@ -41,7 +41,7 @@ def test_a_document_question_is_one_trace_across_every_process(stack, receiver):
     headers = {"traceparent": f"00-{TRACE_ID}-{CALLER_SPAN}-01"}
     answer = httpx.post(f"{stack.url}/v1/documents/ask", json=body, headers=headers, timeout=120).json()
     chunks = answer["chunks"]
-    engine_requests = chunks + 1  # one note per chunk, then the answer
+    engine_requests = len(answer["passages_read"]) + 1  # one note per passage read, then the answer
 
     def complete():
         spans = receiver.in_trace(TRACE_ID)

@@ -149,15 +149,14 @@ def test_openapi_says_the_field_is_a_passage_budget_not_the_pool_s_chunk_size():
     assert "passage" in schemas["AskRequest"]["properties"]["note_max_tokens"]["description"]
 
 
-def test_a_document_within_the_passage_bound_is_read():
-    assert too_many_passages(256, 256, 16) is None
+def test_a_question_within_the_passage_bound_is_read():
+    assert too_many_passages(256, 256) is None
 
 
-def test_a_document_cut_into_more_passages_than_the_bound_is_refused_with_what_to_change():
-    error = too_many_passages(257, 256, 16)
-    assert error.status == 400 and error.code == "too_many_passages" and error.param == "document"
-    assert "257 passages" in error.message and "at most 256" in error.message and "passage_tokens 16" in error.message
-    assert "default passage_tokens" in too_many_passages(300, 256, None).message
+def test_a_question_asking_for_more_passages_than_the_bound_is_refused_naming_it():
+    error = too_many_passages(257, 256)
+    assert error.status == 400 and error.code == "too_many_passages" and error.param == "passages"
+    assert "at most 256" in error.message and "--max-document-passages" in error.message and "257" in error.message
 
 
 def test_a_note_asked_for_after_the_request_s_deadline_is_not_sent():
@@ -200,9 +199,10 @@ def test_ask_maps_every_passage_then_reduces_and_cites_real_spans(stack):
     passages = httpx.post(f"{stack.url}/v1/chunks", json={"text": text, "chunk_size": 256}, timeout=60).json()["data"]
     before = gateway_requests(stack)
     body = {"model": "tiny-random", "document": text, "question": "Who may terminate the agreement?",
-            "chunk_size": 256, "max_tokens": 12, "note_max_tokens": 6}
+            "chunk_size": 256, "max_tokens": 12, "note_max_tokens": 6, "passages": len(passages)}
     answer = httpx.post(f"{stack.url}/v1/documents/ask", json=body, timeout=120).json()
     assert answer["object"] == "document.answer" and answer["chunks"] == len(passages) > 1
+    assert sorted(p["index"] for p in answer["passages_read"]) == list(range(1, len(passages) + 1))
     assert answer["answer"] and answer["usage"]["completion_tokens"] > 0
     spans = {(p["start_char"], p["end_char"], p["anchor"]) for p in passages}
     assert answer["citations"] and all((c["start_char"], c["end_char"], c["anchor"]) in spans for c in answer["citations"])
@@ -210,16 +210,21 @@ def test_ask_maps_every_passage_then_reduces_and_cites_real_spans(stack):
 
 
 @pytest.mark.slow
-def test_ask_streams_the_answer_then_the_citations(stack):
+def test_ask_streams_the_passages_read_its_progress_then_the_answer_then_the_citations(stack):
     body = {"model": "tiny-random", "document": CONTRACT.read_text()[:2000], "question": "What are the fees?",
-            "passage_tokens": 256, "max_tokens": 8, "note_max_tokens": 4, "stream": True}
+            "passage_tokens": 256, "max_tokens": 8, "note_max_tokens": 4, "stream": True, "passages": 2}
     with httpx.stream("POST", f"{stack.url}/v1/documents/ask", json=body, timeout=120) as response:
         events = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     payloads = [json.loads(e) for e in events[:-1]]
-    assert all(p["object"] == "chat.completion.chunk" for p in payloads[:-1])
-    assert "".join(p["choices"][0]["delta"].get("content", "") for p in payloads[:-1])
+    chosen, progress, answer = payloads[0], payloads[1:3], payloads[3:-1]
+    assert chosen["object"] == "document.passages" and len(chosen["passages_read"]) == 2
+    assert [p["object"] for p in progress] == ["document.progress"] * 2 and [p["read"] for p in progress] == [1, 2]
+    assert {p["passage"]["index"] for p in progress} == {p["index"] for p in chosen["passages_read"]}
+    assert all(p["object"] == "chat.completion.chunk" for p in answer)
+    assert "".join(p["choices"][0]["delta"].get("content", "") for p in answer)
     assert payloads[-1]["object"] == "document.citations" and payloads[-1]["citations"]
+    assert payloads[-1]["passages_read"] == chosen["passages_read"]
 
 
 @pytest.mark.slow
@@ -236,15 +241,11 @@ def test_ask_errors(stack, body, status, code):
 
 
 @pytest.mark.slow
-def test_a_document_cut_into_too_many_passages_is_refused_before_any_note(stack):
-    text = CONTRACT.read_text()
-    passages = httpx.post(f"{stack.url}/v1/chunks", json={"text": text, "passage_tokens": 16}, timeout=60).json()["data"]
-    assert len(passages) > GatewaySettings().max_document_passages
+def test_a_question_asking_for_too_many_passages_is_refused_before_any_work(stack):
     before = gateway_requests(stack)
-    body = {"model": "tiny-random", "document": text, "question": "q", "passage_tokens": 16, "max_tokens": 4}
+    body = {"model": "tiny-random", "document": "x", "question": "q", "passages": 257, "max_tokens": 4}
     response = httpx.post(f"{stack.url}/v1/documents/ask", json=body, timeout=60)
     assert response.status_code == 400 and response.json()["error"]["code"] == "too_many_passages"
-    assert f"{len(passages)} passages" in response.json()["error"]["message"]
     assert gateway_requests(stack) == before
 
 
@@ -298,7 +299,7 @@ def test_a_tenant_whose_rate_cannot_pay_for_the_whole_question_gets_429_before_a
     """Its admission's first estimate passes; the question's whole cost, known once the document
     is cut (small passages: many notes), is more than its rate can ever pay: refused before any
     engine job, not charged after its notes ran."""
-    body = FEES.model_copy(update={"passage_tokens": 16})
+    body = FEES.model_copy(update={"passage_tokens": 16, "passages": 256})
     _, deadlines, error = ask_in_process(stack, body, tokens_per_minute=2 * body.reserved_tokens())
     assert error is not None and error.status == 429 and error.code == "rate_limit_exceeded"
     assert "at most" in error.message and error.headers == {"x-should-retry": "false"}  # it never fits: no retry

@@ -84,6 +84,7 @@ BASES = {
     "/v1/chat/completions": {"model": "tiny-random", "messages": [{"role": "user", "content": "hi"}], "max_tokens": MAX_TOKENS},
     "/v1/completions": {"model": "tiny-random", "prompt": "hi", "max_tokens": MAX_TOKENS},
     "/v1/chunks": {"text": "Article 1. Scope."},
+    "/v1/documents": {"text": "Article 1. Scope.", "name": "scope.txt", "metadata": {"matter": "1"}},
     "/v1/documents/ask": {"model": "tiny-random", "document": "Article 1. Scope.", "question": "q", "max_tokens": MAX_TOKENS,
                           "note_max_tokens": MAX_TOKENS},
 }
