@@ -177,7 +177,7 @@ def test_every_figure_in_the_results_table_names_its_command_date_and_machine():
     assert len(rows) >= 5
     for row in rows:
         cells = dict(zip(header, row))
-        assert re.search(r"`(\.venv/bin/)?(k25 |python -m pytest |make )[^`]+`", cells["command"]), row
+        assert re.search(r"`(\.venv/bin/)?(k25 |python -m pytest |python -m bench\.|make )[^`]+`", cells["command"]), row
         assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", cells["date"]), row
         assert cells["machine"], row
 
