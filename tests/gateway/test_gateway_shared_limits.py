@@ -40,6 +40,7 @@ def swap(client, *replicas: tuple[str, Admission]) -> None:
 
 
 def refused(admission: Admission, tenant: str, limits: TenantLimits, tokens: int = 0) -> OpenAIError | None:
+    """One request that reserves and spends `tokens`: the error it is refused with, or None."""
     try:
         ticket = admission.enter(tenant, limits)
     except OpenAIError as error:
@@ -56,20 +57,14 @@ def refused(admission: Admission, tenant: str, limits: TenantLimits, tokens: int
 
 def test_what_one_replica_let_a_tenant_spend_counts_at_the_others(redis_client, clock):
     a, b = replica(clock), replica(clock)
-    ticket = a.enter("acme", RATE)
-    ticket.reserve(900)
-    ticket.use(900)
-    ticket.close()
+    assert refused(a, "acme", RATE, 900) is None  # a request that spends 900
     swap(redis_client, ("a", a), ("b", b))
     # b had no bucket for acme: it starts from the lowest level a reported, not a full minute's worth
     assert refused(b, "acme", RATE, 200).status == 429
     assert refused(b, "acme", RATE, 50) is None  # 100 left between them; b spends 50
 
     clock.now += 0.5  # 8 tokens come back at 1000 a minute
-    ticket = a.enter("acme", RATE)
-    ticket.reserve(40)
-    ticket.use(40)
-    ticket.close()
+    assert refused(a, "acme", RATE, 40) is None
     swap(redis_client, ("a", a), ("b", b))
     # a's 40 are charged at b too: 100 - 50 - 40 + 8 = 18 left
     assert refused(b, "acme", RATE, 30).status == 429
