@@ -94,6 +94,7 @@ class LocalStack:
         self.redis_url = args.redis_url
         self.client = None
         self._engine_counter = 0
+        self._reserved_ports = frozenset({args.port})  # the gateway binds it last: no other part may take it first
         self.engine_threads = 1  # run() shares the CPUs among the most engines the stack may run
         self._k25 = [sys.executable, "-m", "k25.cli"]
         # engines and the chunker admit only the gateway of this stack (a key made for the run)
@@ -129,7 +130,7 @@ class LocalStack:
             if server is None:
                 raise _StackFailed("no redis-server on PATH: install Redis (e.g. `apt install redis-server`) "
                                    "or pass --redis-url redis://HOST:PORT/0")
-            port = free_port()
+            port = free_port(self._reserved_ports)
             self.group.spawn("redis", [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
                              REDIS, STOP_GRACE_S)
             self.redis_url = f"redis://127.0.0.1:{port}/0"
@@ -142,7 +143,7 @@ class LocalStack:
 
         name = f"engine-{pool}-{self._engine_counter}"
         self._engine_counter += 1
-        metrics_port = free_port()  # kept when the engine starts again, so its health URL stays valid
+        metrics_port = free_port(self._reserved_ports)  # kept when the engine starts again: its health URL stays valid
         child = self.group.spawn(name, [
             *self._k25, "engine", "--model", self.args.model, "--pool", pool, "--chunk-size", str(chunk_size),
             "--bind-address", "127.0.0.1", "--zmq-port", "0", "--metrics-port", str(metrics_port),
@@ -201,7 +202,8 @@ class LocalStack:
     def start_chunker(self) -> str:
         from k25.local_stack import free_port
 
-        port, metrics_port = free_port(), free_port()
+        port = free_port(self._reserved_ports)
+        metrics_port = free_port(self._reserved_ports | {port})
         self.group.spawn("chunker", [*self._k25, "chunker", "--bind-address", "127.0.0.1", "--zmq-port", str(port),
                                      "--metrics-port", str(metrics_port), "--model", self.args.model],
                          FRONT, STOP_GRACE_S, self._transport_env)

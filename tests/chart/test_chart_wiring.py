@@ -71,8 +71,9 @@ def test_the_components_run_the_agreed_command_lines():
         "k25", "gateway", "--host", "0.0.0.0", "--port", "8000", "--release", "k25",
         "--model", "/models/SmolLM2-135M-Instruct.Q4_1.gguf", "--served-model-name", "SmolLM2-135M-Instruct.Q4_1",
         "--chunker-address", "k25-chunker:5600", "--prefix-index-max-blocks", "262144",
-        "--max-document-passages", "256", "--body-timeout-s", "30", "--max-body-bytes-in-flight", "536870912",
-        "--request-timeout-s", "600", "--pool", "a100-40g=2048", "--pool", "a100-80g=4096", "--pool", "h100-80g=8192"]
+        "--max-document-passages", "256", "--document-passages-read", "4", "--max-document-bytes", "4194304",
+        "--max-tenant-document-bytes", "67108864", "--max-tenant-documents", "1000", "--document-ttl-s", "604800",
+        "--body-timeout-s", "30", "--max-body-bytes-in-flight", "536870912", "--request-timeout-s", "600", "--pool", "a100-40g=2048", "--pool", "a100-80g=4096", "--pool", "h100-80g=8192"]
     assert container(objects, "Deployment", "k25-chunker")["args"] == [
         "k25", "chunker", "--zmq-port", "5600", "--metrics-port", "9600", "--model", "/models/SmolLM2-135M-Instruct.Q4_1.gguf"]
     assert container(objects, "Deployment", "k25-operator")["args"] == [

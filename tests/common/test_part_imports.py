@@ -28,6 +28,7 @@ DEV_TOOLS = {"proto.generate"}
 BENCH_OF_ENGINE = {"bench.engine_bench", "bench.lora_bench", "bench.quant_bench", "bench.quant_bytes", "bench.quant_kl",
                    "bench.profile_command", "bench.profile_run", "bench.profile_workload", "bench.kv_tiers_bench"}
 BENCH_OF_CHUNKER = {"bench.chunker_bench", "bench.chunker_baseline"}
+BENCH_OF_GATEWAY = {"bench.passage_recall"}  # measures the gateway's passage ranker
 
 
 def modules_under(package: str) -> list[str]:
@@ -41,7 +42,7 @@ def modules_under(package: str) -> list[str]:
     return found
 
 
-BENCH = [m for m in modules_under("bench") if m not in BENCH_OF_ENGINE | BENCH_OF_CHUNKER]
+BENCH = [m for m in modules_under("bench") if m not in BENCH_OF_ENGINE | BENCH_OF_CHUNKER | BENCH_OF_GATEWAY]
 # part: (the extras it installs, the modules it runs, the CLI commands that are its own)
 PARTS = {
     "core": ([], modules_under("proto") + modules_under("common") + ["k25.cli"], [[]]),
@@ -52,12 +53,14 @@ PARTS = {
                 [["gateway"], ["api-key"]]),
     "chunker": (["chunker"], modules_under("services.chunker") + ["k25.commands.chunker", "k25.commands.chunk"],
                 [["chunker"], ["chunk"]]),
-    "operator": (["operator"], modules_under("operators") + ["k25.commands.operator", "k25.commands.rollout"],
-                 [["operator"], ["rollout"]]),
+    "operator": (["operator"], modules_under("operators") + ["k25.commands.operator", "k25.commands.rollout",
+                                                             "k25.commands.secrets"],
+                 [["operator"], ["rollout"], ["secrets", "ensure"]]),
     "bench": (["bench"], BENCH + ["k25.commands.simulate"], [["simulate"], ["bench", "serve"]]),
     "bench-engine": (["engine", "bench"], sorted(BENCH_OF_ENGINE), [["bench", "engine"], ["bench", "load"], ["bench", "quant"],
                                                                     ["bench", "profile"]]),
     "bench-chunker": (["chunker", "bench"], sorted(BENCH_OF_CHUNKER), [["bench", "chunk"]]),
+    "bench-gateway": (["gateway", "bench"], sorted(BENCH_OF_GATEWAY), [["bench", "serve"]]),
     "all": (["all"], [m for p in sorted(FIRST_PARTY - {"tests"}) for m in modules_under(p)], [["up"], ["bench"]]),
 }
 RUNTIME_PARTS = ["engine", "gateway", "chunker", "operator"]
