@@ -55,3 +55,13 @@ def test_only_what_is_generated_is_left_to_the_job(tmp_path):
     own = rendered_with(JOB + "redis:\n  auth:\n    existingSecret: mine\ntransport:\n  curve:\n    existingSecret: ours\n",
                         tmp_path)
     assert not of_kind(own, "Job")
+
+
+def test_secrets_helm_generated_outlive_a_move_to_the_job(tmp_path):
+    """Helm would delete a Secret it no longer renders after the pre-upgrade Job found it there:
+    the generated ones carry resource-policy keep, so the Job's "kept as it was" stays true."""
+    objects = rendered_with("generatedSecrets: helm\n", tmp_path)
+    for name in (f"{RELEASE}-redis", f"{RELEASE}-transport"):
+        assert named(objects, "Secret", name)["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    given = rendered_with("redis:\n  auth:\n    password: given-in-values\n", tmp_path)
+    assert "annotations" not in named(given, "Secret", f"{RELEASE}-redis")["metadata"]
