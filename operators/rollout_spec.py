@@ -9,7 +9,7 @@ from common.rollout_keys import ADAPTER_STATS_TTL_S, NAME_PATTERN, SHA256_PATTER
 
 POOL_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # a Kubernetes object name (DNS label)
 DEFAULTS = {"steps": [5, 20, 50, 100], "interval": 60, "maxErrorRate": 0.01, "maxP95LatencyMs": 10000,
-            "maxP95LatencyRatio": 2.0, "minRequestsPerStep": 100, "failureThreshold": 3, "allowList": []}
+            "maxP95LatencyRatio": 3.0, "minRequestsPerStep": 100, "failureThreshold": 3, "allowList": []}
 
 
 class RolloutSpecError(ValueError):
@@ -35,6 +35,7 @@ class RolloutSpec:
     max_p95_latency_s: float
     # against the stable version over the same interval (when it had min_requests_per_step): the
     # canary's error rate may exceed stable's by max_error_rate, its p95 be this many times stable's
+    # (the p95s are histogram bounds 2-2.5x apart: below 2.5 one bucket of noise would fail a canary)
     max_p95_latency_ratio: float
     min_requests_per_step: int
     failure_threshold: int
