@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import yaml
@@ -52,14 +53,24 @@ class Traffic:
     """Users user-0..user-99 asking the adapter `legal` through the gateway, in two threads."""
 
     def __init__(self, url: str):
-        self.url, self.results, self.stop = url, [], threading.Event()
+        self.url, self.stop = url, threading.Event()
+        self.outcomes: list[tuple[float, int]] = []  # (when the request was sent, its status), as answers come
         self.threads = [threading.Thread(target=self._run, args=(t,)) for t in range(2)]
+
+    @property
+    def results(self) -> list[int]:
+        return [status for _, status in self.outcomes]
+
+    def sent_after(self, moment: float) -> list[int]:
+        """The statuses of the requests sent after `moment` (one sent before may answer after it)."""
+        return [status for sent, status in self.outcomes if sent > moment]
 
     def _run(self, offset: int):
         i = offset
         while not self.stop.is_set():
             body = {"model": "legal", "prompt": "Clause 4.2", "max_tokens": 2, "user": f"user-{i % 100}"}
-            self.results.append(http_json(f"{self.url}/v1/completions", body)[0])
+            sent = time.monotonic()
+            self.outcomes.append((sent, http_json(f"{self.url}/v1/completions", body)[0]))
             i += 2
 
     def __enter__(self):
@@ -105,10 +116,10 @@ def test_a_healthy_canary_is_promoted_then_a_failing_one_rolled_back(world):
         assert "rolled back to v2 after 2 failed checks" in output and "error rate" in output
         failed_during_rollout = len([s for s in traffic.results if s != 200])
         wait_until(lambda: engines_hold(stack, {"legal@v2"}), timeout_s=20, what="v3 unloaded everywhere")
-        after = len(traffic.results)
-        wait_until(lambda: len(traffic.results) > after + 20, timeout_s=30, what="more traffic")
+        unloaded_at = time.monotonic()
+        wait_until(lambda: len(traffic.sent_after(unloaded_at)) > 20, timeout_s=30, what="more traffic")
     assert failed_during_rollout > 0  # the canary's users did see its failures
-    assert set(traffic.results[after:]) == {200}  # and then everyone is back on stable
+    assert set(traffic.sent_after(unloaded_at)) == {200}  # and then everyone is back on stable
 
 
 def test_a_canary_that_cannot_load_is_rolled_back(world):
