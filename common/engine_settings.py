@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from common.quant_spec import PRESETS, QuantSpecError, parse_quant_spec, quant_spec_pattern
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+BACKENDS = ("k25", "vllm")  # K25's engine (engine/llm_engine.py), vLLM's (engine/vllm_core/)
 
 
 class SettingError(ValueError):
@@ -83,6 +84,12 @@ class EngineSetting:
 
 
 SETTINGS = (
+    EngineSetting(
+        "backend", "backend", "string", "k25", choices=BACKENDS,
+        help="the engine that computes: k25, K25's own (one GPU or a CPU), or vllm, vLLM's engine in the same "
+             "process behind the same wire, for the models and GPU counts K25's does not serve (the engine-vllm "
+             "image; here, .venv-vllm from `make vllm`)",
+    ),
     EngineSetting(
         "dtype", "dtype", "string", "auto", choices=DTYPES,
         help="weights, activations and KV cache; auto is bfloat16 on CUDA and on a CPU where the engine's bf16 "

@@ -36,6 +36,25 @@ def hf_smollm2(smollm2_gguf):
     return AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
 
 
+@pytest.fixture(scope="session")
+def smollm2_prompts():
+    """The parity prompts as SmolLM2's token ids: 1 to over 1,900 tokens."""
+    from common.tokenizer import load_tokenizer
+    from tests.fixtures.parity_prompts import parity_prompt_ids
+
+    prompts = parity_prompt_ids(load_tokenizer("smollm2-135m"))
+    assert len(prompts) >= 12 and min(map(len, prompts)) == 1 and max(map(len, prompts)) >= 1900
+    return prompts
+
+
+@pytest.fixture(scope="session")
+def smollm2_references(hf_smollm2, smollm2_prompts):
+    """transformers' greedy continuations of the parity prompts, shared by both backends' parity tests."""
+    from tests.helpers.parity import REFERENCE_NEW_TOKENS, greedy_reference
+
+    return [greedy_reference(hf_smollm2, p, REFERENCE_NEW_TOKENS) for p in smollm2_prompts]
+
+
 _PARITY_REPORT: list[str] = []
 
 

@@ -4,7 +4,6 @@ setting, capped at half the host memory available now; the disk tier if a path i
 A disk path that cannot be used is a start error (EngineConfigError), never a failure
 mid-request; a host tier that cannot get its memory is logged and the engine runs without it."""
 
-import hashlib
 import logging
 import os
 import time
@@ -17,6 +16,7 @@ from engine.core.tier_policy import ScoreWeights
 from engine.kv_tiers.block_copy import block_shape
 from engine.kv_tiers.disk_tier import DiskTier, DiskTierError
 from engine.kv_tiers.store import TierStore
+from engine.model.fingerprint import model_fingerprint
 
 log = logging.getLogger(__name__)
 GIB = 1 << 30
@@ -32,24 +32,6 @@ def available_host_bytes() -> int:
     except OSError:
         pass
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-
-
-def model_fingerprint(source: str) -> str:
-    """The model's path, size and a digest of its first and last MiB: a changed checkpoint is
-    another namespace, at a cost that does not grow with the checkpoint."""
-    files = [source] if os.path.isfile(source) else (
-        sorted(os.path.join(source, n) for n in os.listdir(source)) if os.path.isdir(source) else [])
-    digest = hashlib.blake2b(source.encode(), digest_size=16)
-    for path in files:
-        if not os.path.isfile(path):
-            continue
-        size = os.path.getsize(path)
-        digest.update(f"{os.path.basename(path)}:{size}".encode())
-        with open(path, "rb") as f:
-            digest.update(f.read(1 << 20))
-            f.seek(max(0, size - (1 << 20)))
-            digest.update(f.read(1 << 20))
-    return digest.hexdigest()
 
 
 def build_tier_store(config: EngineConfig, model_source: str, model_config_text: str, kv: KVCache,

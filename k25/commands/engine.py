@@ -10,7 +10,8 @@ import uuid
 
 from common.zmq_router import DEFAULT_MAX_FRAME_BYTES
 from engine.serve.health import HealthSettings
-from k25.commands.engine_settings import add_engine_settings, load_for_engine, max_chunk_per_gpu_flag
+from k25.commands.engine_backend import start_backend
+from k25.commands.engine_settings import add_engine_settings, max_chunk_per_gpu_flag
 from k25.commands.redis_flags import add_redis_flags
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -54,6 +55,12 @@ def register(subparsers) -> None:
     p.add_argument("--inject-step-failures-while", metavar="PATH",
                    help="every step fails, as a failing forward pass would, while the file PATH exists; {engine_id} in "
                    "PATH stands for this engine's id (for chaos tests of one engine among several)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="GPUS",
+                   help="GPUs one engine spans (an EnginePool's gpusPerReplica); more than 1 needs --backend vllm "
+                   "(default 1)")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="with --backend vllm: run the model eagerly, without torch.compile or CUDA graphs (starts in "
+                   "seconds instead of minutes, serves slower)")
     p.add_argument("--pool", default="default", help="the pool this engine serves (default 'default')")
     p.add_argument("--zmq-port", type=int, default=5555, help="ROUTER port (default 5555)")
     p.add_argument("--bind-address", default="0.0.0.0",
@@ -99,7 +106,6 @@ def run(args: argparse.Namespace) -> int:
     from common.tracing import setup_tracing
     from common.zmq_curve import CurveKeyError, secret_key_from_env
     from engine.base.errors import EngineConfigError
-    from engine.llm_engine import LLMEngine
     from engine.model.integrity import parse_model_checksums, verify_model_files
     from engine.serve.heartbeat import Heartbeat, registry_client
     from engine.serve.kv_events import KVEventPublisher
@@ -124,14 +130,8 @@ def run(args: argparse.Namespace) -> int:
         if checksums:
             log.info("checking the sha256 of %d model files", len(checksums))
             verify_model_files(args.model, checksums)
-        model, config = load_for_engine(
-            args, chunk_size=args.chunk_size, max_chunk_per_gpu=args.max_chunk_per_gpu, node_type=args.node_type,
-            expected_chunks_per_request=args.expected_chunks_per_request,
-            max_waiting=args.max_waiting, max_loras=args.max_loras, max_cpu_loras=args.max_cpu_loras,
-            max_lora_rank=args.max_lora_rank, adapter_root=args.adapter_root, lora_kernel=args.lora_kernel,
-        )
-        engine = LLMEngine(model, config)
-        del model  # the engine holds what it needs; the loaded tensors are not kept twice
+        engine = start_backend(args)
+        config = engine.config
     except (ModelLoadError, EngineConfigError) as exc:
         print(f"k25 engine: {exc}", file=sys.stderr)
         return 2
@@ -241,6 +241,13 @@ def invalid_flags(args: argparse.Namespace) -> str:
         return f"--max-failed-steps must be at least 1, got {args.max_failed_steps}"
     if args.max_frame_bytes < 1:
         return f"--max-frame-bytes must be at least 1, got {args.max_frame_bytes}"
+    if args.tensor_parallel_size < 1:
+        return f"--tensor-parallel-size must be at least 1, got {args.tensor_parallel_size}"
+    if args.backend == "k25" and args.tensor_parallel_size > 1:
+        return (f"--tensor-parallel-size {args.tensor_parallel_size}: K25's engine runs on one GPU; "
+                "--backend vllm serves a model over several")
+    if args.backend == "vllm" and args.inject_step_failures_while:
+        return "--inject-step-failures-while fails K25's engine's forward pass; not with --backend vllm"
     if args.expected_chunks_per_request < 1:
         return f"--expected-chunks-per-request must be at least 1, got {args.expected_chunks_per_request}"
     return ""

@@ -37,6 +37,7 @@ ENGINE_FLOORS = {
     "engine": 6,  # engine/*.py: llm_engine.py (core over runner), offline.py
     "engine.serve": 6,
     "engine.runner": 5,
+    "engine.vllm_core": 5,  # the second backend: the engine-core contract over vLLM, beside K25's runner
     "engine.hardware": 4,
     "engine.structured": 4,
     "engine.kv_tiers": 4,  # KV tiers below the device: host pool, disk files, block copies

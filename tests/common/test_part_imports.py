@@ -18,7 +18,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tests.helpers.paths import REPO
+from tests.helpers.paths import REPO, VLLM_PYTHON
 
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 FIRST_PARTY = {"proto", "common", "engine", "services", "operators", "bench", "k25", "tests"}
@@ -29,6 +29,9 @@ BENCH_OF_ENGINE = {"bench.engine_bench", "bench.lora_bench", "bench.quant_bench"
                    "bench.profile_command", "bench.profile_run", "bench.profile_workload", "bench.kv_tiers_bench"}
 BENCH_OF_CHUNKER = {"bench.chunker_bench", "bench.chunker_baseline"}
 BENCH_OF_GATEWAY = {"bench.passage_recall"}  # measures the gateway's passage ranker
+# the vLLM backend's modules that import vLLM: they run in vLLM's own environment (`make vllm`,
+# the engine-vllm image), checked below by test_the_vllm_backend_imports_in_vllms_environment
+VLLM_BACKEND = {"engine.vllm_core.core", "engine.vllm_core.adapters"}
 
 
 def modules_under(package: str) -> list[str]:
@@ -46,7 +49,7 @@ BENCH = [m for m in modules_under("bench") if m not in BENCH_OF_ENGINE | BENCH_O
 # part: (the extras it installs, the modules it runs, the CLI commands that are its own)
 PARTS = {
     "core": ([], modules_under("proto") + modules_under("common") + ["k25.cli"], [[]]),
-    "engine": (["engine"], modules_under("engine") + ["k25.commands.engine", "k25.commands.generate",
+    "engine": (["engine"], [m for m in modules_under("engine") if m not in VLLM_BACKEND] + ["k25.commands.engine", "k25.commands.generate",
                                                       "k25.commands.engine_settings"],
                [["engine"], ["generate"]]),
     "gateway": (["gateway"], modules_under("services.gateway") + ["k25.commands.gateway", "k25.commands.api_key"],
@@ -61,7 +64,8 @@ PARTS = {
                                                                     ["bench", "profile"]]),
     "bench-chunker": (["chunker", "bench"], sorted(BENCH_OF_CHUNKER), [["bench", "chunk"]]),
     "bench-gateway": (["gateway", "bench"], sorted(BENCH_OF_GATEWAY), [["bench", "serve"]]),
-    "all": (["all"], [m for p in sorted(FIRST_PARTY - {"tests"}) for m in modules_under(p)], [["up"], ["bench"]]),
+    "all": (["all"], [m for p in sorted(FIRST_PARTY - {"tests"}) for m in modules_under(p) if m not in VLLM_BACKEND],
+            [["up"], ["bench"]]),
 }
 RUNTIME_PARTS = ["engine", "gateway", "chunker", "operator"]
 
@@ -180,10 +184,11 @@ def imports_of(module: str) -> list[str]:
 
 
 def to_import(modules: list[str]) -> list[str]:
-    """The part's modules and every module they import, lazily or not."""
+    """The part's modules and every module they import, lazily or not (the vLLM backend's only
+    in vLLM's environment)."""
     wanted = dict.fromkeys(modules)
     for module in modules:
-        wanted.update(dict.fromkeys(imports_of(module)))
+        wanted.update(dict.fromkeys(m for m in imports_of(module) if m not in VLLM_BACKEND))
     return list(wanted)
 
 
@@ -253,6 +258,17 @@ def test_each_part_imports_and_runs_its_commands_with_only_its_extra(part):
     for argv, outcome in result["commands"].items():
         assert outcome["code"] == 0, (argv, outcome)
         assert outcome["output"].startswith(f"usage: k25 {argv}".rstrip()), (argv, outcome["output"][:300])
+
+
+def test_the_vllm_backend_imports_in_vllms_environment():
+    """vLLM's environment holds vLLM and, without K25's own pins, what the engine's server and
+    the vLLM backend import; `k25 engine --help` runs there."""
+    assert VLLM_PYTHON.exists(), f"{VLLM_PYTHON} is missing: `make vllm` builds it"
+    modules = sorted(VLLM_BACKEND | {"engine.serve.server", "engine.serve.heartbeat", "k25.commands.engine_backend"})
+    script = f"import importlib, k25.cli; [importlib.import_module(m) for m in {modules!r}]; k25.cli.main(['engine', '--help'])"
+    result = subprocess.run([str(VLLM_PYTHON), "-c", script], cwd=REPO, capture_output=True, text=True, check=False,
+                            timeout=300)
+    assert result.returncode == 0 and "--backend {k25,vllm}" in result.stdout, result.stderr[-3000:]
 
 
 def test_the_blocker_blocks():

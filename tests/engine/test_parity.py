@@ -5,17 +5,15 @@ one request at a time, in one continuous batch with staggered arrivals, padded t
 import pytest
 import torch
 
-from common.tokenizer import load_tokenizer
 from engine.base.config import EngineConfig
 from engine.base.errors import EngineError, ErrorCode
 from engine.core.sampling_params import SamplingParams
 from engine.llm_engine import LLMEngine
 from engine.model.loader import load_model
 from engine.offline import Completion, collect, generate, make_request, stream
-from tests.fixtures.parity_prompts import parity_prompt_ids
-from tests.helpers.parity import compare, greedy_reference, save_random_llama
+from tests.helpers.parity import REFERENCE_NEW_TOKENS, compare, greedy_reference, save_random_llama
 
-NEW_TOKENS = 32
+NEW_TOKENS = REFERENCE_NEW_TOKENS
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
 
 # (name, chunk_size, max_chunk_per_gpu, staggered batch?)
@@ -72,18 +70,6 @@ def check_parity(model, prompts, references, chunk_size, max_chunks, staggered, 
     assert near_ties <= max(1, len(prompts) // 4), "near-ties should be rare"
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     return engine
-
-
-@pytest.fixture(scope="module")
-def smollm2_prompts():
-    prompts = parity_prompt_ids(load_tokenizer("smollm2-135m"))
-    assert len(prompts) >= 12 and min(map(len, prompts)) == 1 and max(map(len, prompts)) >= 1900
-    return prompts
-
-
-@pytest.fixture(scope="module")
-def smollm2_references(hf_smollm2, smollm2_prompts):
-    return [greedy_reference(hf_smollm2, p, NEW_TOKENS) for p in smollm2_prompts]
 
 
 @pytest.mark.slow

@@ -73,18 +73,19 @@ def stop_process(process: subprocess.Popen, sig: int, timeout_s: float) -> int:
 
 
 def start_engine(redis_url: str, log_path: str, *flags: str, engine_id: str = "e1", timeout_s: float = 120,
-                 env: dict | None = None) -> EngineProcess:
+                 env: dict | None = None, python: str = sys.executable) -> EngineProcess:
     """Start `k25 engine` and return once its heartbeat is in Redis (it serves by then).
     It computes in float32 unless `flags` set --dtype: tests compare its tokens with those of
     an in-process engine, whose EngineConfig defaults to float32. `env` is added to its
-    environment (e.g. the CURVE key of a stack it joins)."""
+    environment (e.g. the CURVE key of a stack it joins); `python` runs it (the vLLM backend's
+    is tests.helpers.paths.VLLM_PYTHON)."""
     if "--dtype" not in flags:
         flags = ("--dtype", "float32", *flags)
     zmq_port, metrics_port = free_port(), free_port()
     log = open(log_path, "w")  # a file, not a pipe: a pipe nobody reads would block the engine's logging
     process = subprocess.Popen(
         [
-            *K25, "engine", "--zmq-port", str(zmq_port), "--metrics-port", str(metrics_port),
+            str(python), "-m", "k25.cli", "engine", "--zmq-port", str(zmq_port), "--metrics-port", str(metrics_port),
             "--redis-url", redis_url, "--release", RELEASE, "--engine-id", engine_id, *flags,
         ],
         stdout=log,

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 import torch
 
 NEAR_TIE_LOGPROB = 1e-3
+REFERENCE_NEW_TOKENS = 32  # the shared greedy references' length (tests/conftest.py: smollm2_references)
 
 
 @dataclass

@@ -6,3 +6,5 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"
 CRDS = REPO / "charts" / "k25" / "crds"  # the CRDs' one copy: Helm installs them from the chart
 CONTRACTS = REPO / "tests" / "fixtures" / "contracts"
+# the Python of vLLM's CPU build with K25 on top (`make vllm`), for `k25 engine --backend vllm`
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"

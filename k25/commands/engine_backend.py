@@ -1,0 +1,50 @@
+"""`k25 engine --backend`: which engine computes behind the ZMQ server. Both implement the
+engine-core contract (engine/core/contract.py): K25's own (engine/llm_engine.py) or vLLM's
+(engine/vllm_core/), which needs vLLM installed in this Python."""
+
+import argparse
+import importlib.util
+
+from engine.base.errors import EngineConfigError
+
+VLLM_MISSING = ("--backend vllm needs vLLM in this Python ({python}): the engine-vllm image has it; here, `make vllm` "
+                "builds .venv-vllm (vLLM's CPU build) and .venv-vllm/bin/k25 engine --backend vllm runs it")
+
+
+def engine_config_fields(args: argparse.Namespace) -> dict:
+    """The EngineConfig fields `k25 engine` takes from its own flags (the compute settings come
+    from the settings table)."""
+    return dict(
+        chunk_size=args.chunk_size, max_chunk_per_gpu=args.max_chunk_per_gpu, node_type=args.node_type,
+        expected_chunks_per_request=args.expected_chunks_per_request, max_waiting=args.max_waiting,
+        max_loras=args.max_loras, max_cpu_loras=args.max_cpu_loras, max_lora_rank=args.max_lora_rank,
+        adapter_root=args.adapter_root, lora_kernel=args.lora_kernel,
+    )
+
+
+def start_backend(args: argparse.Namespace):
+    """The engine `args` ask for, loaded and ready to step. Raises ModelLoadError or
+    EngineConfigError with a message for the user."""
+    if args.backend == "vllm":
+        return _start_vllm(args)
+    from engine.llm_engine import LLMEngine
+    from k25.commands.engine_settings import load_for_engine
+
+    model, config = load_for_engine(args, **engine_config_fields(args))
+    return LLMEngine(model, config)  # it keeps what it needs of `model`; the loaded tensors are not kept twice
+
+
+def _start_vllm(args: argparse.Namespace):
+    import sys
+
+    if importlib.util.find_spec("vllm") is None:
+        raise EngineConfigError(VLLM_MISSING.format(python=sys.executable))
+    from common.engine_settings import SETTINGS
+    from engine.base.config import EngineConfig
+    from engine.vllm_core.core import VLLMEngineCore
+    from k25.commands.engine_settings import set_cpu_threads
+
+    set_cpu_threads(args.cpu_threads)
+    settings = {setting.name: getattr(args, setting.name) for setting in SETTINGS}
+    config = EngineConfig(device=args.device, **settings, **engine_config_fields(args))
+    return VLLMEngineCore(config, args.model, args.tensor_parallel_size, args.enforce_eager)

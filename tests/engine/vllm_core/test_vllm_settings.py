@@ -1,0 +1,87 @@
+"""engine/vllm_core/settings.py: what K25's settings become for vLLM, without vLLM."""
+
+import pytest
+
+from engine.base.config import EngineConfig
+from engine.base.errors import EngineConfigError
+from engine.core.sampling_params import Constraint, SamplingParams
+from engine.model.loader import TINY_CONFIG
+from engine.vllm_core.settings import (
+    BLOCK_SIZE,
+    NULL_BLOCKS,
+    engine_args,
+    kv_bytes_per_token,
+    plan_kv,
+    sampling_kwargs,
+    vllm_dtype,
+)
+
+
+@pytest.mark.parametrize("requested, device, flags, expected", [
+    ("auto", "cuda", frozenset(), "bfloat16"),
+    ("auto", "cpu", frozenset({"avx2", "avx512_bf16"}), "bfloat16"),
+    ("auto", "cpu", frozenset({"avx2", "amx_bf16"}), "bfloat16"),
+    ("auto", "cpu", frozenset({"avx2", "avx512f"}), "float32"),  # vLLM emulates bf16 there
+    ("float32", "cuda", frozenset(), "float32"),
+    ("bfloat16", "cpu", frozenset({"avx2"}), "bfloat16"),
+])
+def test_dtype_follows_the_device_not_a_stopwatch(requested, device, flags, expected):
+    assert vllm_dtype(requested, device, flags) == expected
+
+
+def test_kv_holds_exactly_max_chunk_per_gpu_chunks():
+    config = EngineConfig(chunk_size=64, max_chunk_per_gpu=40)
+    plan = plan_kv(config, TINY_CONFIG, "float32")
+    assert plan.max_chunk_per_gpu == 40
+    assert (plan.blocks - NULL_BLOCKS) * BLOCK_SIZE == 40 * 64
+    assert plan.cpu_kv_gib * (1 << 30) >= plan.blocks * BLOCK_SIZE * kv_bytes_per_token(TINY_CONFIG, "float32")
+
+
+def test_a_capacity_that_does_not_fit_names_the_largest_that_does():
+    config = EngineConfig(chunk_size=256, max_chunk_per_gpu=10**6, cpu_memory_budget_gib=1.0)
+    chunk_bytes = 256 * kv_bytes_per_token(TINY_CONFIG, "float32")
+    weights = TINY_CONFIG.num_parameters() * 4
+    largest = ((1 << 30) - weights) // chunk_bytes
+    with pytest.raises(EngineConfigError, match=f"the largest max_chunk_per_gpu that fits is {largest}$"):
+        plan_kv(config, TINY_CONFIG, "float32")
+    assert plan_kv(EngineConfig(chunk_size=256, max_chunk_per_gpu=largest, cpu_memory_budget_gib=1.0),
+                   TINY_CONFIG, "float32").max_chunk_per_gpu == largest
+
+
+@pytest.mark.parametrize("config, message", [
+    (EngineConfig(chunk_size=48, max_chunk_per_gpu=2), "multiple of 32"),
+    (EngineConfig(chunk_size=64, max_chunk_per_gpu="auto"), "give a number"),
+])
+def test_refuses_what_it_cannot_honour(config, message):
+    with pytest.raises(EngineConfigError, match=message):
+        plan_kv(config, TINY_CONFIG, "float32")
+
+
+def test_engine_args_carry_the_capacity_and_k25s_scheduling_settings():
+    config = EngineConfig(chunk_size=64, max_chunk_per_gpu=4, max_num_seqs=7, max_num_batched_tokens=300,
+                          prefix_caching=False)
+    plan = plan_kv(config, TINY_CONFIG, "float32")
+    args = engine_args(config, "/m", "float32", plan, max_model_len=256, tensor_parallel_size=2)
+    assert args["num_gpu_blocks_override"] == plan.blocks and args["block_size"] == BLOCK_SIZE
+    assert (args["max_num_seqs"], args["max_num_batched_tokens"], args["enable_prefix_caching"]) == (7, 300, False)
+    assert args["tensor_parallel_size"] == 2 and args["skip_tokenizer_init"] and "enable_lora" not in args
+    with_lora = engine_args(EngineConfig(chunk_size=64, max_chunk_per_gpu=4, max_loras=2, max_cpu_loras=1,
+                                         max_lora_rank=16), "/m", "float32", plan, 256)
+    assert (with_lora["enable_lora"], with_lora["max_loras"], with_lora["max_cpu_loras"], with_lora["max_lora_rank"]) \
+        == (True, 2, 2, 16)
+
+
+def test_sampling_keeps_ends_with_k25s_rules():
+    eos = (2, 0)
+    kwargs = sampling_kwargs(SamplingParams(max_tokens=5, stop_token_ids=(9,), stop=("\n",)), eos)
+    assert kwargs["stop_token_ids"] == [0, 2, 9] and kwargs["ignore_eos"] and not kwargs["detokenize"]
+    assert "stop" not in kwargs  # stop strings: K25's output processor
+    assert sampling_kwargs(SamplingParams(ignore_eos=True, stop_token_ids=(9,)), eos)["stop_token_ids"] == [9]
+    biased = sampling_kwargs(SamplingParams(logit_bias=((5, -100.0),), logprobs=3, seed=7), eos)
+    assert (biased["logit_bias"], biased["logprobs"], biased["seed"]) == ({5: -100.0}, 3, 7)
+
+
+@pytest.mark.parametrize("kind, key", [("json_schema", "json"), ("regex", "regex"), ("lark", "grammar")])
+def test_constraints_become_vllm_structured_outputs(kind, key):
+    kwargs = sampling_kwargs(SamplingParams(constraint=Constraint(kind, "x")), ())
+    assert kwargs["structured"] == {key: "x"}
