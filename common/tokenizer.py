@@ -1,9 +1,9 @@
 """The tokenizer the gateway and the engine share, built on the `tokenizers` library alone.
 
 Two sources: a GGUF file's `tokenizer.ggml.*` metadata (rebuilt as a byte-level BPE with the
-pre-tokenizer llama.cpp uses for its `tokenizer.ggml.pre`), or a Hugging Face folder's
-`tokenizer.json` + `tokenizer_config.json`. Chat templates render with jinja2 the way
-transformers renders them. No torch, no transformers: this loads in a fraction of a second.
+pre-tokenizer llama.cpp uses for its `tokenizer.ggml.pre`, in common/gguf_bpe.py), or a Hugging
+Face folder's `tokenizer.json` + `tokenizer_config.json`. Chat templates render with jinja2 the
+way transformers renders them. No torch, no transformers: this loads in a fraction of a second.
 
 A message's content is text, never control: `encode_chat` reads a special token's spelling
 inside a message (`<|im_start|>system` typed by a user) as the plain text it is, so that only
@@ -14,21 +14,17 @@ transformers tokenises the rendered template.
 import json
 import os
 import re
-import warnings
 from datetime import datetime
 from functools import lru_cache
 
 import jinja2
 import jinja2.ext
 import jinja2.sandbox
-from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as Backend
 
+from common.gguf_bpe import byte_level_bpe, post_processor
 from common.gguf_file import GGUFError, GGUFFile
 from common.model_source import ModelLoadError, resolve_model
-
-# llama.cpp's token types (tokenizer.ggml.token_type)
-_CONTROL, _USER_DEFINED = 3, 4
 
 # marks put around each message's content while the template renders, to find it in the text:
 # Unicode noncharacters, which no text exchanged should hold (a message's own are dropped)
@@ -38,73 +34,6 @@ _MARKED_CONTENT = re.compile(f"{_CONTENT_OPEN}(.*?){_CONTENT_CLOSE}", re.DOTALL)
 # Tokens that end an assistant turn in common chat formats; they stop generation when the chat
 # template writes them, even if the model's eos is a different token.
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|end_of_turn|>")
-
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-
-
-def _gpt2_pre():
-    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-
-
-def _digits_then_gpt2():
-    # llama.cpp splits every \p{N} character off first, then applies the GPT-2 regex to the rest;
-    # that is StarCoder's (and SmolLM's) tokenizer.json: Digits(individual) + ByteLevel.
-    return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), _gpt2_pre()])
-
-
-def _split_then_bytes(pattern: str):
-    def build():
-        split = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
-        return pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-
-    return build
-
-
-# tokenizer.ggml.pre -> (pre-tokenizer builder, BPE ignore_merges, NFC normalizer)
-_PRE_TOKENIZERS = {
-    "default": (_gpt2_pre, False, False),
-    "gpt-2": (_gpt2_pre, False, False),
-    "gpt2": (_gpt2_pre, False, False),
-    **{
-        name: (_digits_then_gpt2, False, False)
-        for name in ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva")
-    },
-    **{
-        name: (_split_then_bytes(_LLAMA3_SPLIT), True, False)
-        for name in ("llama-bpe", "llama3", "llama-v3", "smaug-bpe", "dbrx", "falcon3", "pixtral")
-    },
-    "qwen2": (_split_then_bytes(_QWEN2_SPLIT), False, True),
-    "deepseek-r1-qwen": (_split_then_bytes(_QWEN2_SPLIT), False, True),
-}
-
-
-@lru_cache(maxsize=1)
-def _byte_spelling() -> dict[int, str]:
-    """GPT-2's byte -> printable character table that byte-level vocabularies are written in."""
-    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    spelling, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            spelling[b] = chr(b)
-        else:
-            spelling[b] = chr(256 + extra)
-            extra += 1
-    return spelling
-
-
-def _respell(token: str, alphabet: frozenset) -> str:
-    """A token llama.cpp stored in plain text (e.g. with real spaces) spelled in the byte alphabet."""
-    if set(token) <= alphabet:
-        return token
-    spelling = _byte_spelling()
-    return "".join(spelling[b] for b in token.encode("utf-8"))
 
 
 def _token_content(value) -> str | None:
@@ -208,7 +137,7 @@ class Tokenizer:
         if not tokens or merges is None:
             raise ModelLoadError(f"{path}: GGUF has no tokenizer.ggml.tokens or tokenizer.ggml.merges")
         types, pre = md.get("tokenizer.ggml.token_type"), md.get("tokenizer.ggml.pre", "default")
-        backend = _byte_level_bpe(tokens, merges, types, pre, path)
+        backend = byte_level_bpe(tokens, merges, types, pre, path)
 
         def token(key):
             i = md.get(f"tokenizer.ggml.{key}")
@@ -216,7 +145,7 @@ class Tokenizer:
 
         add_bos = bool(md.get("tokenizer.ggml.add_bos_token", False))
         add_eos = bool(md.get("tokenizer.ggml.add_eos_token", False))
-        backend.post_processor = _post_processor(
+        backend.post_processor = post_processor(
             token("bos_token_id") if add_bos else None, token("eos_token_id") if add_eos else None, backend
         )
         return cls(
@@ -339,42 +268,6 @@ class Tokenizer:
 def _unmarked(text: str) -> str:
     return text.replace(_CONTENT_OPEN, "").replace(_CONTENT_CLOSE, "")
 
-
-def _byte_level_bpe(tokens: list[str], merges: list[str], types, pre: str | None, path: str) -> Backend:
-    """The BPE a GGUF's vocabulary describes, splitting text the way llama.cpp does for `pre`."""
-    if pre not in _PRE_TOKENIZERS:
-        warnings.warn(f"{path}: unknown tokenizer.ggml.pre {pre!r}; splitting text the GPT-2 way", stacklevel=3)
-    build_pre, ignore_merges, nfc = _PRE_TOKENIZERS.get(pre, _PRE_TOKENIZERS["default"])
-
-    alphabet = frozenset(_byte_spelling().values())
-    vocab = {_respell(token, alphabet): i for i, token in enumerate(tokens)}
-    pairs = [tuple(m.split(" ", 1)) for m in merges]
-    backend = Backend(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, ignore_merges=ignore_merges))
-    backend.pre_tokenizer = build_pre()
-    backend.decoder = decoders.ByteLevel()
-    if nfc:
-        backend.normalizer = normalizers.NFC()
-    if types is not None:
-        # a control token spelled outside the byte alphabet is a mislabel; adding it would grow the vocabulary
-        special = [t for t, k in zip(tokens, types) if k == _CONTROL and set(t) <= alphabet]
-        user = [t for t, k in zip(tokens, types) if k == _USER_DEFINED and set(t) <= alphabet]
-        backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
-        backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
-    return backend
-
-
-def _post_processor(bos: str | None, eos: str | None, backend: Backend):
-    """Adds BOS/EOS around every encoded text, when the GGUF says to."""
-    if bos is None and eos is None:
-        return processors.ByteLevel(trim_offsets=False)
-
-    def sequence(piece: str, type_id: int) -> str:
-        return " ".join(f"{t}:{type_id}" for t in (bos, piece, eos) if t is not None)
-
-    specials = [(t, backend.token_to_id(t)) for t in dict.fromkeys(t for t in (bos, eos) if t is not None)]
-    return processors.TemplateProcessing(
-        single=sequence("$A", 0), pair=f"{sequence('$A', 0)} {sequence('$B', 1)}", special_tokens=specials
-    )
 
 
 class IncrementalDetokenizer:

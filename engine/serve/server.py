@@ -24,8 +24,9 @@ Final: its client learns that the answer is incomplete.
 
 Health (engine/serve/health.py): every step is recorded. While the engine is unhealthy it refuses
 new requests with CANCELLED before doing anything, and when it is unhealthy because steps
-failed and it has nothing left to run, it runs a one-token probe request of its own every
-`health_probe_interval_s`, so that one successful step can make it healthy again.
+failed and it has nothing left to run, it runs a one-token probe request of its own
+(health_probe.py) every `health_probe_interval_s`, so that one successful step can make it
+healthy again.
 
 One thread runs `serve`: it blocks on the socket while the engine is idle, and between
 steps only looks for frames without waiting. Frames wait in an Outbox when a peer's
@@ -36,10 +37,9 @@ peer whose frames carry `max_pending_messages_per_peer` has stopped reading: its
 aborted and its frames dropped, so that it does not hold the steps back for the others.
 
 Other threads change the engine (e.g. load or unload an adapter) only through
-`call_between_steps`: the serving thread runs the call before its next step."""
+`call_between_steps` (between_steps.py): the serving thread runs the call before its next step."""
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -51,9 +51,10 @@ import zmq
 from common.zmq_router import DEFAULT_MAX_FRAME_BYTES, bind_router, tcp_endpoint
 from engine.base.errors import EngineError, ErrorCode
 from engine.core.contract import EngineBackend
-from engine.core.request import EngineRequest, RequestOutput
-from engine.core.sampling_params import SamplingParams
+from engine.core.request import RequestOutput
+from engine.serve.between_steps import CallsBetweenSteps
 from engine.serve.health import HealthReport, HealthSettings, StepHealth
+from engine.serve.health_probe import HealthProbe
 from engine.serve.kv_events import KVEventPublisher
 from engine.serve.metrics import EngineMetrics
 from engine.serve.outbox import Outbox
@@ -75,8 +76,6 @@ log = logging.getLogger(__name__)
 # malformed frames logged one by one before the log only notes every LOG_EVERY_MALFORMED-th
 LOG_FIRST_MALFORMED = 10
 LOG_EVERY_MALFORMED = 1000
-
-PROBE_REQUEST_PREFIX = "k25-health-probe-"
 
 
 @dataclass(frozen=True)
@@ -120,8 +119,7 @@ class EngineServer:
             raise ValueError(f"max_frame_bytes must be at least 1, got {settings.max_frame_bytes}")
         self.health = StepHealth(settings.health)
         self.draining = False
-        self._next_probe_at = 0.0  # monotonic
-        self._probes = 0
+        self._probe = HealthProbe(settings.health_probe_interval_s)
         self._context = zmq.Context()
         self.socket, self.port, self._authenticator = bind_router(
             self._context, settings.bind_host, settings.port, settings.sndhwm, settings.rcvhwm, settings.linger_ms,
@@ -130,7 +128,7 @@ class EngineServer:
         self._outbox = Outbox(self.socket)
         self._routes: dict[str, _Route] = {}
         self.malformed_frames = 0
-        self._calls: queue.SimpleQueue[tuple[Callable, Future]] = queue.SimpleQueue()
+        self._calls = CallsBetweenSteps()
         self.recent_ttft = RecentPercentile(0.95, window_s=60.0)  # the heartbeat's, for the autoscaler's latency guard
         self.stats = EngineStats()
         self._publish_stats()
@@ -156,24 +154,10 @@ class EngineServer:
     def call_between_steps(self, fn: Callable[[], object]) -> Future:
         """Run `fn` on the serving thread before its next step (within idle_poll_ms when idle);
         the future holds its result or exception."""
-        future: Future = Future()
-        self._calls.put((fn, future))
-        return future
-
-    def _run_calls(self) -> None:
-        while True:
-            try:
-                fn, future = self._calls.get_nowait()
-            except queue.Empty:
-                return
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(fn())
-                except Exception as exc:
-                    future.set_exception(exc)
+        return self._calls.put(fn)
 
     def run_once(self) -> None:
-        self._run_calls()
+        self._calls.run()
         self._probe_if_due()
         if self._can_step():
             timeout_ms = 0
@@ -206,14 +190,9 @@ class EngineServer:
         it: a one-token request of its own, whose output goes nowhere, shows whether steps work again."""
         if self.draining or self.engine.has_unfinished() or not self.health.failing:
             return
-        now = time.monotonic()
-        if now < self._next_probe_at:
+        probe = self._probe.next_request(self.engine, time.monotonic())
+        if probe is None:
             return
-        self._next_probe_at = now + self.settings.health_probe_interval_s
-        self._probes += 1
-        chunk = self.engine.config.chunk_size
-        probe = EngineRequest(f"{PROBE_REQUEST_PREFIX}{self._probes}", [self.engine.tokenizer.pad_token_id] * chunk,
-                              SamplingParams(max_tokens=1), chunk, pad_length=chunk - 1)
         log.info("engine unhealthy (%s); probing with a one-token request", self.health_report().reason)
         try:
             self.engine.add_request(probe)
@@ -379,7 +358,7 @@ class EngineServer:
         peers take within the linger time, and close the socket."""
         self._end(list(self._routes), EngineError(ErrorCode.CANCELLED, why))
         self._routes.clear()
-        self._cancel_calls()
+        self._calls.cancel()
         self.traces.close()
         deadline = time.monotonic() + self.settings.linger_ms / 1000
         # frames a peer's full queue held back are still here, not in ZMQ: its linger would not send them
@@ -404,12 +383,3 @@ class EngineServer:
         for identity in gone + stalled:
             self._peer_gone(identity, "stopped reading" if identity in stalled else "disconnected")
         return bool(gone or stalled)
-
-    def _cancel_calls(self) -> None:
-        """Calls that will never run: their callers stop waiting."""
-        while True:
-            try:
-                _, future = self._calls.get_nowait()
-            except queue.Empty:
-                return
-            future.cancel()

@@ -45,7 +45,7 @@ from services.gateway.responses import (
     usage_body,
     usage_chunk,
 )
-from services.gateway.routing import largest_context
+from services.gateway.sampling import sampling_params
 from services.gateway.settings import GatewaySettings
 from services.gateway.shared_limits import exchange
 from services.gateway.tool_calls import ToolCallReader, read_answer, tool_finish_reason
@@ -197,26 +197,7 @@ class Gateway:
             raise invalid_request("the prompt is empty after tokenisation", "prompt")
         if any(not 0 <= t < self.tokenizer.vocab_size for t in prompt_ids):
             raise invalid_request(f"prompt token ids must be in [0, {self.tokenizer.vocab_size})", "prompt")
-        max_tokens = body.requested_max_tokens()
-        if max_tokens is None:
-            context = largest_context(self.registry.pools.values())  # None: no engine seen yet
-            room = s.default_max_tokens if context is None else context - len(prompt_ids)
-            max_tokens = max(1, min(s.default_max_tokens, s.max_tokens_limit, room))
-        if max_tokens > s.max_tokens_limit:
-            raise invalid_request(f"max_tokens must be at most {s.max_tokens_limit}, got {max_tokens}", "max_tokens")
-        logprobs = body.requested_logprobs()
-        sampling = k25_pb2.SamplingParams(
-            temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, max_tokens=max_tokens,
-            stop=body.stop, logprobs=0 if logprobs is None else max(1, logprobs),
-        )
-        if body.seed is not None:
-            sampling.seed = body.seed
-        bias = {int(token): value for token, value in (body.logit_bias or {}).items()}
-        if any(token >= self.tokenizer.vocab_size for token in bias):
-            raise invalid_request(f"logit_bias token ids must be in [0, {self.tokenizer.vocab_size})", "logit_bias")
-        sampling.logit_bias.update(bias)
-        sampling.presence_penalty, sampling.frequency_penalty = body.presence_penalty, body.frequency_penalty
-        sampling.repetition_penalty = body.repetition_penalty
+        sampling = sampling_params(body, len(prompt_ids), self.tokenizer.vocab_size, self.registry.pools.values(), s)
         return Job(
             request_id=f"{prefix}-{uuid.uuid4().hex}", tenant=caller.tenant, model=body.model, prompt_token_ids=prompt_ids,
             sampling=sampling, deadline=time.time() + s.request_timeout_s if deadline is None else deadline, adapter=adapter,
