@@ -99,6 +99,7 @@ class VLLMEngineCore:
 
     def add_request(self, request: EngineRequest) -> None:
         from vllm import SamplingParams
+        from vllm.exceptions import VLLMValidationError
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         prompt = validate(request, self._sequences, self.config.chunk_size, self.vocab_size, self.max_model_len, time.time())
@@ -112,7 +113,7 @@ class VLLMEngineCore:
         prompt_input = {"prompt_token_ids": prompt} | ({"cache_salt": request.cache_salt} if request.cache_salt else {})
         try:
             self._llm.add_request(request.request_id, prompt_input, params, lora_request=lora)
-        except ValueError as exc:  # vLLM's own refusal of what K25's checks let through
+        except (ValueError, VLLMValidationError) as exc:  # vLLM's own refusal of what K25's checks let through
             raise EngineError(ErrorCode.INVALID_ARGUMENT, str(exc)) from None
         seq = Sequence(request.request_id, prompt, request.sampling, request.pad_length, request.deadline,
                        cache_salt=request.cache_salt)

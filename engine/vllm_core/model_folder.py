@@ -1,7 +1,9 @@
 """The Hugging Face folder vLLM loads for a model K25 names. A folder is used as it is; a GGUF
 (the default SmolLM2 among them) or the tiny random model is written once, by K25's own loader
-(dequantised to float32, Hugging Face naming), into a cache folder keyed by the file's
-fingerprint, so that both backends serve the same weights from the same `--model`."""
+(dequantised to float32, Hugging Face naming) and tokenizer (the one the gateway uses), into a
+cache folder keyed by the file's fingerprint, so that both backends serve the same weights and
+vocabulary from the same `--model`. vLLM needs the tokenizer only for structured outputs (its
+grammars are compiled over the vocabulary); token ids come in and go out."""
 
 import json
 import logging
@@ -13,6 +15,7 @@ from engine.base.model_config import ModelConfig
 from engine.model.fingerprint import model_fingerprint
 
 log = logging.getLogger(__name__)
+FOLDER_FORMAT = 2  # part of the cache folder's name: a folder an older K25 wrote is written again
 
 
 def default_cache_root() -> str:
@@ -33,12 +36,21 @@ def hf_config(config: ModelConfig, bos_token_id: int | None, eos_token_id: int |
     }
 
 
+def tokenizer_config(tokenizer, max_length: int) -> dict:
+    """tokenizer_config.json for K25's tokenizer saved as tokenizer.json (a fast tokenizer)."""
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": tokenizer.bos_token, "eos_token": tokenizer.eos_token,
+        "pad_token": tokenizer.pad_token, "unk_token": tokenizer.unk_token, "chat_template": tokenizer.chat_template,
+        "model_max_length": max_length, "add_bos_token": tokenizer.add_bos_token, "clean_up_tokenization_spaces": False,
+    }
+
+
 def vllm_model_folder(name_or_path: str, cache_root: str | None = None) -> str:
     source = resolve_model(name_or_path)
     if source.kind == "hf":
         return source.path
     key = "tiny-random" if source.kind == "tiny" else model_fingerprint(source.path)
-    folder = os.path.join(cache_root or default_cache_root(), key)
+    folder = os.path.join(cache_root or default_cache_root(), f"{key}-{FOLDER_FORMAT}")
     if os.path.exists(os.path.join(folder, "config.json")):
         return folder
     _write_folder(TINY_MODEL if source.kind == "tiny" else source.path, folder)
@@ -61,7 +73,10 @@ def _write_folder(name_or_path: str, folder: str) -> None:
     save_file({name: t.contiguous() for name, t in model.weights.items()}, os.path.join(staging, "model.safetensors"),
               metadata={"format": "pt"})
     tokenizer = model.tokenizer
-    with open(os.path.join(staging, "config.json"), "w") as f:
+    tokenizer.backend.save(os.path.join(staging, "tokenizer.json"))
+    with open(os.path.join(staging, "tokenizer_config.json"), "w") as f:
+        json.dump(tokenizer_config(tokenizer, model.config.max_position_embeddings), f, indent=1, ensure_ascii=False)
+    with open(os.path.join(staging, "config.json"), "w") as f:  # last: its presence means the folder is whole
         json.dump(hf_config(model.config, tokenizer.bos_token_id, tokenizer.eos_token_id), f, indent=1)
     try:
         os.rename(staging, folder)

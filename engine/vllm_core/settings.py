@@ -69,11 +69,11 @@ def plan_kv(config: EngineConfig, model: ModelConfig, dtype: str) -> KVPlan:
 
 def engine_args(config: EngineConfig, folder: str, dtype: str, plan: KVPlan, max_model_len: int,
                 tensor_parallel_size: int = 1, eager: bool = False) -> dict:
-    """vLLM's EngineArgs, as keywords. Token ids come in and go out (no tokenizer in vLLM: the
-    gateway tokenises, K25's output processor detokenises); the step's token budget, running
-    sequences and prefix caching are K25's settings."""
+    """vLLM's EngineArgs, as keywords. Token ids come in and go out (the gateway tokenises, K25's
+    output processor detokenises; vLLM's tokenizer serves its structured outputs only); the
+    step's token budget, running sequences and prefix caching are K25's settings."""
     args = dict(
-        model=folder, dtype=dtype, skip_tokenizer_init=True, max_model_len=max_model_len, block_size=BLOCK_SIZE,
+        model=folder, dtype=dtype, max_model_len=max_model_len, block_size=BLOCK_SIZE,
         num_gpu_blocks_override=plan.blocks, max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=max(config.max_num_batched_tokens, BLOCK_SIZE), enable_prefix_caching=config.prefix_caching,
         enable_chunked_prefill=True, tensor_parallel_size=tensor_parallel_size, enforce_eager=eager,

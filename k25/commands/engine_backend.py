@@ -11,6 +11,20 @@ VLLM_MISSING = ("--backend vllm needs vLLM in this Python ({python}): the engine
                 "builds .venv-vllm (vLLM's CPU build) and .venv-vllm/bin/k25 engine --backend vllm runs it")
 
 
+def vllm_python() -> str:
+    """The Python that runs `k25 engine --backend vllm` for `k25 up`: this one if it has vLLM, else
+    the checkout's .venv-vllm (`make vllm`). Raises EngineConfigError if neither has it."""
+    import sys
+    from pathlib import Path
+
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    beside = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+    if beside.exists():
+        return str(beside)
+    raise EngineConfigError(VLLM_MISSING.format(python=sys.executable))
+
+
 def engine_config_fields(args: argparse.Namespace) -> dict:
     """The EngineConfig fields `k25 engine` takes from its own flags (the compute settings come
     from the settings table)."""

@@ -22,9 +22,12 @@ import tempfile
 import time
 import urllib.request
 
+from common.engine_settings import BACKENDS
 from common.model_source import DEFAULT_MODEL
 from common.zmq_curve import ENV as CURVE_ENV
 from common.zmq_curve import new_secret_key
+from engine.base.errors import EngineConfigError
+from k25.commands.engine_backend import vllm_python
 from k25.restart_policy import describe_exit
 
 STARTUP_TIMEOUT_S = 300
@@ -65,6 +68,9 @@ def register(subparsers) -> None:
     p.add_argument("--drain-timeout-s", type=float, default=25.0,
                    help="on stop, how long each engine may finish its running requests before it cancels them; "
                         f"SIGKILL follows {DRAIN_MARGIN_S:.0f} s later (default 25)")
+    p.add_argument("--backend", choices=BACKENDS, default="k25",
+                   help="the engines' backend: k25, K25's own, or vllm, vLLM's engine behind the same wire, run by "
+                   "this Python if it has vLLM, else by the checkout's .venv-vllm (`make vllm`) (default k25)")
     p.add_argument("--engine-flag", action="append", default=[], metavar="FLAG",
                    help="one more flag for every engine, e.g. --engine-flag=--max-waiting=64; repeatable")
     p.add_argument("--gateway-flag", action="append", default=[], metavar="FLAG",
@@ -84,7 +90,7 @@ class _StackFailed(Exception):
 
 
 class LocalStack:
-    def __init__(self, args, log_dir: str):
+    def __init__(self, args, log_dir: str, engine_python: str = sys.executable):
         from k25.local_stack import ProcessGroup
 
         self.args = args
@@ -97,6 +103,7 @@ class LocalStack:
         self._reserved_ports = frozenset({args.port})  # the gateway binds it last: no other part may take it first
         self.engine_threads = 1  # run() shares the CPUs among the most engines the stack may run
         self._k25 = [sys.executable, "-m", "k25.cli"]
+        self._engine_k25 = [engine_python, "-m", "k25.cli"]
         # engines and the chunker admit only the gateway of this stack (a key made for the run)
         self._transport_env = {CURVE_ENV: os.environ.get(CURVE_ENV) or new_secret_key()}
 
@@ -145,11 +152,11 @@ class LocalStack:
         self._engine_counter += 1
         metrics_port = free_port(self._reserved_ports)  # kept when the engine starts again: its health URL stays valid
         child = self.group.spawn(name, [
-            *self._k25, "engine", "--model", self.args.model, "--pool", pool, "--chunk-size", str(chunk_size),
+            *self._engine_k25, "engine", "--model", self.args.model, "--pool", pool, "--chunk-size", str(chunk_size),
             "--bind-address", "127.0.0.1", "--zmq-port", "0", "--metrics-port", str(metrics_port),
             "--drain-timeout-s", str(self.args.drain_timeout_s), "--redis-url", self.redis_url,
             "--release", self.args.release, "--engine-id", name, "--cpu-threads", str(self.engine_threads),
-            *self._lora_flags(), *self.args.engine_flag,
+            "--backend", self.args.backend, *self._lora_flags(), *self.args.engine_flag,
         ], ENGINES, self.args.drain_timeout_s + DRAIN_MARGIN_S, self._transport_env)
         child.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         return child
@@ -241,9 +248,14 @@ def run(args) -> int:
     if problem:
         print(f"k25 up: {problem}", file=sys.stderr)
         return 2
+    try:
+        engine_python = vllm_python() if args.backend == "vllm" else sys.executable
+    except EngineConfigError as exc:
+        print(f"k25 up: {exc}", file=sys.stderr)
+        return 2
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="k25-up-")
     os.makedirs(log_dir, exist_ok=True)
-    stack = LocalStack(args, log_dir)
+    stack = LocalStack(args, log_dir, engine_python)
 
     def request_stop(*_):
         stack.stop_requested = True

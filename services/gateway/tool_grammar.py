@@ -35,7 +35,8 @@ def call_schema(tools: list[Tool]) -> dict:
 def tool_call_grammar(tools: list[Tool], parallel: bool, free_text: bool) -> str:
     """Calls of `tools` only (one, or up to MAX_PARALLEL_CALLS when `parallel`), or with
     `free_text` an answer in text that may end in such calls."""
-    more = f'("\\n{OPEN}\\n" call_body "\\n{CLOSE}") ~ 0..{MAX_PARALLEL_CALLS - 1}' if parallel else ""
+    # {m,n}: a repetition both llguidance releases read (vLLM's pins an older one than K25's engine)
+    more = f'("\\n{OPEN}\\n" call_body "\\n{CLOSE}"){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else ""
     body = f"call_body: %json {json.dumps(call_schema(tools), separators=(',', ':'))}\n"
     if free_text:
         return f'start: TEXT | OPEN call_body "\\n{CLOSE}" {more}\n{_AUTO_LEXEMES}{body}'

@@ -1,5 +1,6 @@
-"""The official `openai` client against a `k25 up` stack running SmolLM2: every answer is
-compared with what the engine gives for the same tokens when run directly in this process."""
+"""The official `openai` client against a `k25 up` stack running SmolLM2, on each backend (K25's
+engine, and vLLM's from `make vllm`): every answer is compared with what K25's engine gives for
+the same tokens when run directly in this process, so both backends answer alike."""
 
 import http.client
 import json
@@ -15,7 +16,7 @@ from engine.base.config import EngineConfig
 from engine.core.sampling_params import SamplingParams
 from engine.llm_engine import LLMEngine
 from engine.offline import generate
-from tests.helpers.gateway_process import children_of, http_json, start_stack
+from tests.helpers.gateway_process import BACKEND_FLAGS, children_of, http_json, start_stack
 
 pytestmark = pytest.mark.slow
 
@@ -23,10 +24,10 @@ MODEL = "smollm2-135m"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
+@pytest.fixture(scope="module", params=sorted(BACKEND_FLAGS))
+def stack(tmp_path_factory, request):
     folder = tmp_path_factory.mktemp("stack")
-    service = start_stack(str(folder / "up.log"), "--model", MODEL, "--log-dir", str(folder))
+    service = start_stack(str(folder / "up.log"), "--model", MODEL, "--log-dir", str(folder), *BACKEND_FLAGS[request.param])
     yield service
     service.stop(signal.SIGINT)
 

@@ -12,7 +12,7 @@ import pydantic
 import pytest
 
 from services.gateway.tool_grammar import MAX_PARALLEL_CALLS
-from tests.helpers.gateway_process import start_stack
+from tests.helpers.gateway_process import BACKEND_FLAGS, start_stack
 
 pytestmark = pytest.mark.slow
 
@@ -60,10 +60,10 @@ TIME = {"type": "function", "function": {
 ARGUMENTS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
 
 
-@pytest.fixture(scope="module")
-def client(tmp_path_factory):
+@pytest.fixture(scope="module", params=sorted(BACKEND_FLAGS))
+def client(tmp_path_factory, request):
     folder = tmp_path_factory.mktemp("stack")
-    service = start_stack(str(folder / "up.log"), "--model", MODEL, "--log-dir", str(folder))
+    service = start_stack(str(folder / "up.log"), "--model", MODEL, "--log-dir", str(folder), *BACKEND_FLAGS[request.param])
     yield openai.OpenAI(base_url=f"{service.url}/v1", api_key="unused", max_retries=0, timeout=300)
     service.stop(signal.SIGINT)
 

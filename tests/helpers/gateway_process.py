@@ -81,6 +81,11 @@ def start_gateway(redis_url: str, log_path: str, *flags: str, model: str = "tiny
     return _wait_ready(_spawn(argv, port, log_path), timeout_s)
 
 
+# `k25 up` flags per engine backend, for suites that run on both (vLLM's from `make vllm`, eager:
+# it starts in seconds)
+BACKEND_FLAGS = {"k25": (), "vllm": ("--backend", "vllm", "--engine-flag=--enforce-eager")}
+
+
 def start_stack(log_path: str, *flags: str, env: dict | None = None, timeout_s: float = 240) -> ServiceProcess:
     """Start `k25 up` (its own Redis unless --redis-url is among the flags) and return once
     its gateway is ready; `env` is added to the environment of every process of the stack.
