@@ -23,6 +23,7 @@ from engine.core.sampling_params import SampledToken
 from engine.core.sequence import FinishReason, Sequence
 from engine.lora.adapter import AdapterRef, LoadedAdapter
 from engine.vllm_core.adapters import VLLMAdapters
+from engine.vllm_core.kv_events import EvictionCollector, KVEventTranslator
 from engine.vllm_core.model_folder import vllm_model_folder
 from engine.vllm_core.settings import BLOCK_SIZE, engine_args, plan_kv, sampling_kwargs, vllm_dtype
 
@@ -63,15 +64,24 @@ class VLLMEngineCore:
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
+        from vllm.config import KVEventsConfig, StructuredOutputsConfig
+
         kwargs = engine_args(self.config, folder, dtype, plan, self.max_model_len, tensor_parallel_size, eager)
+        kwargs.update(structured_outputs_config=StructuredOutputsConfig(**kwargs["structured_outputs_config"]),
+                      kv_events_config=KVEventsConfig(**kwargs["kv_events_config"]))
         log.info("vLLM engine: %s, %s, %d KV blocks of %d tokens", folder, dtype, plan.blocks - 1, BLOCK_SIZE)
         self._llm = LLMEngine.from_engine_args(EngineArgs(**kwargs))
-        # the scheduler of the engine core this process runs: its queue lengths and KV use are the load
+        # the scheduler of the engine core this process runs: its queue lengths and KV use are the load,
+        # its requests' block hashes and its KV events what the prefix-cache announcements translate
         self._scheduler = self._llm.engine_core.engine_core.scheduler
+        self._kv_events = KVEventTranslator(BLOCK_SIZE)
+        if config.prefix_caching:
+            self._scheduler.kv_event_publisher = EvictionCollector(self._kv_events)
         self._adapters = VLLMAdapters(self._llm, config.max_loras, config.adapter_root)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._sequences: dict[str, Sequence] = {}
         self._lora_of: dict[str, str] = {}  # request id -> name@version of its adapter
+        self._vllm_ids: dict[str, str] = {}  # request id -> vLLM's (it adds a suffix of its own)
         self._prefix = [0, 0]  # prompt tokens looked up in the prefix cache, and found there
 
     # --- load -------------------------------------------------------------------------
@@ -89,11 +99,14 @@ class VLLMEngineCore:
                           prefix_queried_tokens=self._prefix[0], prefix_hit_tokens=self._prefix[1])
 
     def set_kv_events(self, enabled: bool) -> None:
-        """vLLM's block events are not translated into K25's yet: this backend announces none."""
+        self._kv_events.enabled = enabled
+        if not enabled:
+            self._kv_events.take()
 
     def drain(self) -> list[str]:
+        self.set_kv_events(False)
         return [rid for rid, seq in self._sequences.items() if seq.first_scheduled_time is None
-                and getattr(self._scheduler.requests.get(rid), "num_computed_tokens", 0) == 0]
+                and getattr(self._vllm_request(rid), "num_computed_tokens", 0) == 0]
 
     # --- requests ---------------------------------------------------------------------
 
@@ -112,12 +125,13 @@ class VLLMEngineCore:
                                 structured_outputs=StructuredOutputsParams(**structured) if structured else None)
         prompt_input = {"prompt_token_ids": prompt} | ({"cache_salt": request.cache_salt} if request.cache_salt else {})
         try:
-            self._llm.add_request(request.request_id, prompt_input, params, lora_request=lora)
+            vllm_id = self._llm.add_request(request.request_id, prompt_input, params, lora_request=lora)
         except (ValueError, VLLMValidationError) as exc:  # vLLM's own refusal of what K25's checks let through
             raise EngineError(ErrorCode.INVALID_ARGUMENT, str(exc)) from None
         seq = Sequence(request.request_id, prompt, request.sampling, request.pad_length, request.deadline,
                        cache_salt=request.cache_salt)
         self._sequences[seq.request_id] = seq
+        self._vllm_ids[seq.request_id] = vllm_id
         if lora is not None:
             self._lora_of[seq.request_id] = request.adapter.key
         self.output_processor.add(seq.request_id)
@@ -167,9 +181,11 @@ class VLLMEngineCore:
             seq = self._sequences.get(out.request_id)
             if seq is not None:
                 items.append(self._take(seq, out, started_ns, outputs))
+        kv_events = self._kv_events.take()
         if not items:
-            return StepResult(outputs)
-        return StepResult(outputs, StepRecord(started_ns, time.time_ns(), tuple(items)), forward_failed=False)
+            return StepResult(outputs, kv_events=kv_events)
+        record = StepRecord(started_ns, time.time_ns(), tuple(items))
+        return StepResult(outputs, record, forward_failed=False, kv_events=kv_events)
 
     def _take(self, seq: Sequence, out, started_ns: int, outputs: list[RequestOutput]) -> tuple[str, int, bool]:
         """Hand the step's new tokens of one request to the output processor; the step record's item."""
@@ -181,6 +197,7 @@ class VLLMEngineCore:
             seq.prefill_slices = 1
             self._prefix[0] += len(seq.prompt_token_ids)
             self._prefix[1] += seq.num_cached_tokens
+            self._announce_prompt(seq)
         now = time.monotonic()
         for i, token in enumerate(completion.token_ids):
             seq.first_token_time = seq.first_token_time or now
@@ -198,6 +215,19 @@ class VLLMEngineCore:
         computed = len(seq.prompt_token_ids) - seq.num_cached_tokens if prefill else len(completion.token_ids)
         return seq.request_id, computed, prefill
 
+    def _vllm_request(self, request_id: str):
+        """vLLM's scheduler's record of a request (None once it has finished there)."""
+        return self._scheduler.requests.get(self._vllm_ids.get(request_id))
+
+    def _announce_prompt(self, seq: Sequence) -> None:
+        from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+
+        vllm_request = self._vllm_request(seq.request_id)
+        if vllm_request is None or not self.config.prefix_caching:
+            return
+        hashes = [maybe_convert_block_hash(h) for h in vllm_request.block_hashes]  # as its KV events name them
+        self._kv_events.prompt_cached(seq.prompt_token_ids, self._lora_of.get(seq.request_id, ""), seq.cache_salt, hashes)
+
     def _expire_deadlines(self) -> list[RequestOutput]:
         now = time.time()
         error = EngineError(ErrorCode.DEADLINE_EXCEEDED, "deadline passed before the request finished")
@@ -210,6 +240,7 @@ class VLLMEngineCore:
 
     def _release(self, seq: Sequence) -> None:
         del self._sequences[seq.request_id]
+        del self._vllm_ids[seq.request_id]
         if self._lora_of.pop(seq.request_id, None) is not None:
             self._adapters.forget_unused(set(self._lora_of.values()))
 

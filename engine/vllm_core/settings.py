@@ -79,6 +79,8 @@ def engine_args(config: EngineConfig, folder: str, dtype: str, plan: KVPlan, max
         enable_chunked_prefill=True, tensor_parallel_size=tensor_parallel_size, enforce_eager=eager,
         gpu_memory_utilization=config.gpu_memory_utilization, generation_config="vllm", disable_log_stats=True,
         structured_outputs_config={"backend": "guidance"},
+        # evictions as events, which engine/vllm_core/kv_events.py collects in place of a publisher
+        kv_events_config={"enable_kv_cache_events": config.prefix_caching, "publisher": "null"},
     )
     if config.max_loras:
         args.update(enable_lora=True, max_loras=config.max_loras, max_cpu_loras=max(config.max_cpu_loras, config.max_loras),
