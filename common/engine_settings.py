@@ -15,6 +15,9 @@ from common.quant_spec import PRESETS, QuantSpecError, parse_quant_spec, quant_s
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 BACKENDS = ("k25", "vllm")  # K25's engine (engine/llm_engine.py), vLLM's (engine/vllm_core/)
+# tokens per KV block with backend vllm: vLLM's CPU attention takes multiples of 32, its CUDA ones
+# take 32 too; a pool's chunk_size must be a multiple of it (engine/vllm_core/settings.py, operators/pool_spec.py)
+VLLM_BLOCK_SIZE = 32
 
 
 class SettingError(ValueError):

@@ -31,6 +31,9 @@ STARTUP_PROBE = {"tcpSocket": {"port": ZMQ_PORT}, "periodSeconds": 10, "failureT
 LIVENESS_PROBE = {"httpGet": {"path": "/healthz", "port": "metrics"}, "periodSeconds": 10, "timeoutSeconds": 5,
                   "failureThreshold": 3}
 READINESS_PROBE = {"tcpSocket": {"port": ZMQ_PORT}, "periodSeconds": 5}
+# vLLM's tensor-parallel workers pass each step's inputs through shared memory, more than the 64 MiB
+# /dev/shm a container gets; the volume's memory counts against the pod's memory limit
+SHARED_MEMORY = {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}
 # after the drain timeout: cancelling what still runs, telling the gateways, and exiting
 DRAIN_GRACE_MARGIN_S = 15
 # the models PVC of the Helm chart (`{release}-models`) is mounted read-only at MODELS_MOUNT
@@ -84,6 +87,8 @@ def engine_args(spec: EnginePoolSpec, pool_name: str, release: str) -> list[str]
     for file, digest in sorted(spec.model_sha256.items()):
         args += ["--model-sha256", f"{file}={digest}"]
     args += settings_args(spec.engine_settings)  # the compute settings the pool sets; the rest are the engine's defaults
+    if spec.gpus_per_replica > 1:  # backend vllm only (pool_spec.py): one engine spans the pod's GPUs
+        args += ["--tensor-parallel-size", str(spec.gpus_per_replica)]
     if spec.lora is not None:  # with Redis, the engine then loads the versions the rollout state names
         args += ["--max-loras", str(spec.lora.max_loras), "--max-cpu-loras", str(spec.lora.max_cpu_loras),
                  "--max-lora-rank", str(spec.lora.max_lora_rank), "--lora-kernel", spec.lora.kernel,
@@ -92,10 +97,14 @@ def engine_args(spec: EnginePoolSpec, pool_name: str, release: str) -> list[str]
 
 
 def volumes_and_mounts(spec: EnginePoolSpec, release: str) -> tuple[list[dict], list[dict]]:
-    """The pod's volumes and the engine's mounts: /tmp always, the models PVC when the model is
-    a path on it, and the adapters' claim (by default the models PVC) at the adapter root."""
+    """The pod's volumes and the engine's mounts: /tmp always, /dev/shm for an engine over several
+    GPUs, the models PVC when the model is a path on it, and the adapters' claim (by default the
+    models PVC) at the adapter root."""
     volumes = [{"name": "tmp", "emptyDir": {}}]
     mounts = [{"name": "tmp", "mountPath": SCRATCH_MOUNT}]
+    if spec.gpus_per_replica > 1:
+        volumes.append(SHARED_MEMORY)
+        mounts.append({"name": SHARED_MEMORY["name"], "mountPath": "/dev/shm"})
     models_claim = models_claim_name(release)
     if spec.model.startswith(MODELS_MOUNT + "/"):
         volumes.append(_claim_volume("models", models_claim))

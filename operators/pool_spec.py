@@ -4,7 +4,7 @@ API server enforces them too; checking here keeps the operator honest on any ser
 import re
 from dataclasses import dataclass, field
 
-from common.engine_settings import SettingError, read_spec
+from common.engine_settings import BY_NAME, VLLM_BLOCK_SIZE, SettingError, read_spec
 from common.quant_spec import parse_quant_spec
 from operators.autoscale_policy import ScalingRules
 from operators.engine_pod import DEFAULT_RESOURCES, parse_resources
@@ -93,6 +93,10 @@ class EnginePoolSpec:
         wanted = self.min_replicas if self.replicas is None else self.replicas
         return min(max(wanted, self.min_replicas), self.max_replicas)
 
+    @property
+    def backend(self) -> str:
+        return self.engine_settings.get("backend", BY_NAME["backend"].default)
+
 
 def parse_pool_spec(spec: dict) -> EnginePoolSpec:
     for name in ("nodeType", "model", "chunkSize"):
@@ -145,7 +149,34 @@ def parse_pool_spec(spec: dict) -> EnginePoolSpec:
     if quant is not None and parse_quant_spec(quant).quantized and dtype not in (None, "auto", "bfloat16"):
         raise PoolSpecError(f"spec.quant needs dtype bfloat16 or auto (the quantised kernels take bfloat16 "
                             f"activations), got {dtype}")
+    refusal = backend_refusal(parsed)
+    if refusal is not None:
+        raise PoolSpecError(refusal)
     return parsed
+
+
+def backend_refusal(spec: EnginePoolSpec) -> str | None:
+    """Why the pool's backend cannot serve its spec, or None. K25's engine runs on one GPU; vLLM's
+    spans gpusPerReplica (tensor parallel) but takes none of the settings only K25's engine has."""
+    if spec.backend == "k25":
+        if spec.gpus_per_replica > 1:
+            return (f"spec.gpusPerReplica {spec.gpus_per_replica}: K25's engine runs on one GPU; "
+                    "set backend: vllm to serve the model over several (tensor parallel)")
+        return None
+    if spec.engine_settings.get("quant") is not None:
+        return "spec.quant is K25's engine's: backend vllm serves the checkpoint's own quantisation; leave quant unset"
+    if spec.max_chunk_per_gpu == AUTO:
+        return "spec.maxChunkPerGpu auto is K25's engine's: with backend vllm give a number"
+    if spec.max_chunk_per_gpu is None and spec.gpus_per_replica:
+        return (f"spec.maxChunkPerGpu is required with backend vllm on node type {spec.node_type}, which has no "
+                "default: vLLM's KV cache is sized from it (only K25's engine computes what fits)")
+    if spec.chunk_size % VLLM_BLOCK_SIZE:
+        return (f"spec.chunkSize {spec.chunk_size} must be a multiple of {VLLM_BLOCK_SIZE} with backend vllm "
+                "(its KV block)")
+    if spec.lora is not None and spec.lora.kernel == "triton":
+        return ("spec.lora.kernel triton is K25's engine's: with backend vllm use torch (vLLM applies adapters with "
+                "its own kernels)")
+    return None
 
 
 def _max_chunk_per_gpu(value) -> int | str:

@@ -8,13 +8,13 @@ the KV memory that holds them (VLLM_CPU_KVCACHE_SPACE, in GiB)."""
 import math
 from dataclasses import dataclass
 
+from common.engine_settings import VLLM_BLOCK_SIZE as BLOCK_SIZE  # tokens per KV block
 from engine.base.config import EngineConfig
 from engine.base.errors import EngineConfigError
 from engine.base.model_config import ModelConfig
 from engine.core.sampling_params import SamplingParams
 from engine.hardware.profiles import GIB, default_max_chunk_per_gpu, largest_max_chunk_per_gpu
 
-BLOCK_SIZE = 32  # tokens per KV block: vLLM's CPU attention takes multiples of 32, its CUDA ones take 32 too
 NULL_BLOCKS = 1  # vLLM keeps block 0 empty (the null block) besides the ones requests use
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 

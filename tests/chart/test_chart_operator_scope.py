@@ -121,6 +121,6 @@ def test_the_operator_runs_only_the_charts_engine_images_and_those_allowed(tmp_p
               + "0" * 64 + "'}\n")
     objects = rendered_with(values, tmp_path)
     allowed = tuple(build_parser().parse_args(operator_args(objects)[1:]).allowed_images)
-    assert allowed == ("registry.example/k25-engine", "mirror:5000/k25/engine-cpu", "registry.example/team/*")
+    assert allowed == ("registry.example/k25-engine", "k25-engine-vllm", "mirror:5000/k25/engine-cpu", "registry.example/team/*")
     assert [image_refusal(p["spec"]["image"], allowed) for p in of_kind(objects, "EnginePool")] == [None, None]
     assert image_refusal("attacker.example/k25-engine:1.0", allowed) is not None

@@ -3,6 +3,7 @@ what it deploys is this chart with value sets that exist (and render), and the i
 every package, run as the user the chart and the operator expect, and write only to /tmp."""
 
 import fnmatch
+import json
 import pathlib
 import re
 import subprocess
@@ -12,7 +13,9 @@ import tomllib
 import pytest
 import yaml
 
-from operators.deployment import ENGINE_UID
+from k25.cli import build_parser
+from operators.deployment import ENGINE_UID, engine_args
+from operators.pool_spec import parse_pool_spec
 from tests.helpers.helm_chart import CHART, CI_VALUES, RELEASE, helm, of_kind
 
 ROOT = CHART.parent.parent
@@ -170,10 +173,13 @@ def test_the_dockerignore_keeps_the_virtualenv_and_caches_out():
     assert not docker_ignored("engine/model/llama.py")
 
 
-# every image the Dockerfiles build: (Dockerfile, PART build argument, pyproject.toml extra it must install)
+# every image the Dockerfiles build from pyproject.toml's requirements: (Dockerfile, PART build
+# argument, pyproject.toml extra it must install)
 IMAGES = [("cpu.Dockerfile", "gateway", "gateway"), ("cpu.Dockerfile", "chunker", "chunker"),
           ("cpu.Dockerfile", "operator", "operator"), ("cpu.Dockerfile", "engine-cpu", "engine"),
           ("engine-cuda.Dockerfile", None, "engine")]
+# and the one built on vLLM's image, whose pins win over pyproject.toml's (as in `make vllm`)
+VLLM_DOCKERFILE = ROOT / "docker" / "engine-vllm.Dockerfile"
 
 
 def image_requirements(dockerfile: str, part: str | None) -> list[str]:
@@ -188,7 +194,7 @@ def image_requirements(dockerfile: str, part: str | None) -> list[str]:
 
 
 def test_the_dockerfiles_are_the_images_listed_here():
-    assert sorted({dockerfile for dockerfile, _, _ in IMAGES}) == [p.name for p in DOCKERFILES]
+    assert sorted({dockerfile for dockerfile, _, _ in IMAGES} | {VLLM_DOCKERFILE.name}) == [p.name for p in DOCKERFILES]
     [check] = [arg for op, arg in instructions(ROOT / "docker" / "cpu.Dockerfile") if op == "RUN" and "case" in arg]
     assert re.search(r"case \"\$PART\" in gateway\|chunker\|operator\|engine-cpu\)", check)  # any other PART fails the build
 
@@ -205,7 +211,7 @@ def test_each_image_installs_only_its_parts_extra(dockerfile, part, extra):
     assert not names & {"matplotlib", "tqdm"}  # benchmarks' only, never in an image
 
 
-@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("dockerfile", [p for p in DOCKERFILES if p != VLLM_DOCKERFILE], ids=lambda p: p.name)
 def test_the_images_pin_the_torch_the_makefile_pins(dockerfile):
     makefile_torch = re.search(r"torch==[\d.]+", (ROOT / "Makefile").read_text()).group()
     [torch] = [arg for op, arg in instructions(dockerfile) if op == "RUN" and "torch==" in arg]
@@ -235,3 +241,26 @@ def test_the_engine_cpu_image_builds_its_kernels_ahead_and_carries_no_compiler()
                    if op == "ENV" and "K25_CPU_KERNELS_DIR=" in arg}
     assert len(kernels_dir) == 1 and next(iter(kernels_dir)).startswith("/opt/k25/")  # copied with /opt/k25
     assert any(op == "ENV" and "K25_CPU_KERNELS_DIR=" in arg for op, arg in final)
+
+
+def test_the_vllm_image_is_vllms_own_at_the_makefiles_version_with_k25_on_top_as_make_vllm_installs_it():
+    makefile = (ROOT / "Makefile").read_text()
+    version = re.search(r"^VLLM_VERSION := (\S+)$", makefile, re.MULTILINE).group(1)
+    steps = instructions(VLLM_DOCKERFILE)
+    assert [arg for op, arg in steps if op in ("ARG", "FROM")] == [f"VLLM_IMAGE=vllm/vllm-openai:v{version}", "${VLLM_IMAGE}"]
+    runs = " ".join(arg for op, arg in steps if op == "RUN")
+    assert "pip install --no-deps /src" in runs and "torch" not in runs  # vLLM's torch and pins stay
+    # what the engine needs and vLLM's image lacks, the engine extra's Redis client, as `make vllm` adds it
+    [redis] = [r for r in PYPROJECT["project"]["optional-dependencies"]["engine"] if r.startswith("redis")]
+    assert f"pip install '{redis}'" in runs and f"pip install --quiet '{redis}'" in makefile
+    assert 'python3 -c "import vllm, engine.vllm_core.core, engine.serve.server"' in runs  # the build fails where the engine would
+
+
+def test_the_vllm_image_runs_the_operators_engine_command_not_vllm_serve():
+    """vLLM's image has ENTRYPOINT `vllm serve`, which would take the operator's arguments as its own."""
+    steps = instructions(VLLM_DOCKERFILE)
+    assert [arg for op, arg in steps if op == "ENTRYPOINT"] == ["[]"]
+    command = json.loads(next(arg for op, arg in steps if op == "CMD"))
+    spec = parse_pool_spec({"nodeType": "H100-80G", "model": "m", "chunkSize": 512, "backend": "vllm", "gpusPerReplica": 2})
+    assert engine_args(spec, "p", RELEASE)[:2] == command[:2] == ["k25", "engine"]
+    assert build_parser().parse_args(command[1:-1]).backend == "vllm"

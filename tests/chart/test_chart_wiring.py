@@ -77,7 +77,8 @@ def test_the_components_run_the_agreed_command_lines():
     assert container(objects, "Deployment", "k25-chunker")["args"] == [
         "k25", "chunker", "--zmq-port", "5600", "--metrics-port", "9600", "--model", "/models/SmolLM2-135M-Instruct.Q4_1.gguf"]
     assert container(objects, "Deployment", "k25-operator")["args"] == [
-        "k25", "operator", "--release", "k25", "--namespace", NAMESPACE, "--allowed-image", "k25-engine"]
+        "k25", "operator", "--release", "k25", "--namespace", NAMESPACE, "--allowed-image", "k25-engine",
+        "--allowed-image", "k25-engine-vllm"]
 
 
 @pytest.mark.parametrize("component", ["gateway", "chunker", "operator", "engine"])

@@ -1,4 +1,5 @@
 from k25.cli import build_parser
+from k25.commands.engine import invalid_flags
 from operators.config import OperatorConfig
 from operators.deployment import (
     build_deployment,
@@ -166,10 +167,34 @@ def test_the_engine_runs_as_non_root_without_privileges_on_a_read_only_root():
 
 
 def test_node_selector_and_gpus_per_replica_reach_the_pod():
-    pod = manifest(nodeSelector={"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}, gpusPerReplica=2)
+    pod = manifest(nodeSelector={"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}, gpusPerReplica=2, backend="vllm")
     spec = pod["spec"]["template"]["spec"]
     assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
     assert spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+
+
+def test_a_vllm_pool_over_several_gpus_runs_one_tensor_parallel_engine_as_the_cli_reads_it():
+    container = engine_container(backend="vllm", gpusPerReplica=4)
+    args = container["args"]
+    assert args[args.index("--tensor-parallel-size"):args.index("--tensor-parallel-size") + 2] == [
+        "--tensor-parallel-size", "4"]
+    parsed = build_parser().parse_args(args[1:])
+    assert (parsed.backend, parsed.tensor_parallel_size, parsed.device) == ("vllm", 4, "cuda")
+    assert invalid_flags(parsed) == ""  # `k25 engine` takes it
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    # its workers share each step's inputs through a /dev/shm larger than a container's 64 MiB
+    pod = manifest(backend="vllm", gpusPerReplica=4)["spec"]["template"]["spec"]
+    assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}} in pod["volumes"]
+    assert {"name": "shm", "mountPath": "/dev/shm"} in pod["containers"][0]["volumeMounts"]
+
+
+def test_an_engine_on_one_gpu_gets_no_tensor_parallel_flag_and_no_shared_memory():
+    for backend in ("k25", "vllm"):
+        container = engine_container(backend=backend)
+        assert "--tensor-parallel-size" not in container["args"]
+        parsed = build_parser().parse_args(container["args"][1:])
+        assert (parsed.backend, parsed.tensor_parallel_size) == (backend, 1)
+        assert "/dev/shm" not in {m["mountPath"] for m in container["volumeMounts"]}
 
 
 def test_pod_annotations_reach_the_pod_template_so_that_a_change_rolls_the_engines():

@@ -22,7 +22,7 @@ def pod(**spec) -> dict:
 
 
 def test_by_default_an_engine_requests_cpu_and_memory_and_its_gpus_and_spreads_over_nodes():
-    spec = pod(gpusPerReplica=2)
+    spec = pod(gpusPerReplica=2, backend="vllm")  # K25's engine runs on one GPU
     assert spec["containers"][0]["resources"] == {"requests": {"cpu": "1", "memory": "4Gi"},
                                                   "limits": {"nvidia.com/gpu": "2"}}
     assert spec["topologySpreadConstraints"] == [{

@@ -221,3 +221,40 @@ def test_engines_drain_for_the_gateways_request_deadline_and_check_no_digest_unl
 def test_bad_drain_and_digest_settings_say_which_field(bad, message):
     with pytest.raises(PoolSpecError, match=message):
         parse_pool_spec({**MINIMAL, **bad})
+
+
+# --- the engine backend: K25's on one GPU, vLLM's over several ---------------------------------
+
+VLLM = {**MINIMAL, "backend": "vllm"}
+
+
+def test_k25s_engine_runs_on_one_gpu_and_a_pool_over_several_needs_backend_vllm():
+    for k25 in (MINIMAL, {**MINIMAL, "backend": "k25"}):
+        assert parse_pool_spec({**k25, "gpusPerReplica": 1}).backend == "k25"
+        with pytest.raises(PoolSpecError, match=r"^spec.gpusPerReplica 4: K25's engine runs on one GPU; set backend: vllm"):
+            parse_pool_spec({**k25, "gpusPerReplica": 4})
+    spec = parse_pool_spec({**VLLM, "gpusPerReplica": 4})
+    assert (spec.backend, spec.gpus_per_replica) == ("vllm", 4)
+
+
+@pytest.mark.parametrize("own, message", [
+    ({"quant": "small"}, "spec.quant is K25's engine's: backend vllm serves the checkpoint's own quantisation"),
+    ({"quant": "none"}, "spec.quant is K25's engine's"),  # the engine refuses any --quant with backend vllm
+    ({"maxChunkPerGpu": "auto"}, "spec.maxChunkPerGpu auto is K25's engine's: with backend vllm give a number"),
+    ({"maxChunkPerGpu": "auto", "expectedChunksPerRequest": 4}, "spec.maxChunkPerGpu auto is K25's engine's"),
+    ({"nodeType": "H200"}, "spec.maxChunkPerGpu is required with backend vllm on node type H200, which has no default"),
+    ({"chunkSize": 1000}, r"spec.chunkSize 1000 must be a multiple of 32 with backend vllm"),
+    ({"lora": {"maxLoras": 2, "kernel": "triton"}}, "spec.lora.kernel triton is K25's engine's: with backend vllm use torch"),
+])
+def test_backend_vllm_refuses_what_only_k25s_engine_takes_and_k25s_engine_takes_it(own, message):
+    with pytest.raises(PoolSpecError, match=message):
+        parse_pool_spec({**VLLM, **own})
+    parse_pool_spec({**MINIMAL, **own})
+
+
+def test_backend_vllm_takes_what_its_engine_serves():
+    spec = parse_pool_spec({**VLLM, "nodeType": "H200", "chunkSize": 4096, "maxChunkPerGpu": 6, "gpusPerReplica": 8,
+                            "lora": {"maxLoras": 2}, "dtype": "bfloat16"})
+    assert (spec.max_chunk_per_gpu, spec.gpus_per_replica, spec.lora.kernel) == (6, 8, "torch")
+    # on a CPU vLLM's engine takes as many chunks as fit, as K25's does
+    assert parse_pool_spec({**VLLM, "nodeType": "CPU", "chunkSize": 256}).max_chunk_per_gpu is None

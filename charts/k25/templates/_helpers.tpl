@@ -44,6 +44,10 @@ image.tag, else the appVersion. */}}
 {{- printf "%s:%s" .Values.engineImage.repository (.Values.engineImage.tag | default .Chart.AppVersion) -}}
 {{- end -}}
 
+{{- define "k25.vllmEngineImage" -}}
+{{- printf "%s:%s" .Values.vllmEngineImage.repository (.Values.vllmEngineImage.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+
 {{/* A component's pods spread over nodes where they can be (never left pending for it). (dict "root" $ "component" NAME) */}}
 {{- define "k25.spreadOverNodes" -}}
 topologySpreadConstraints:
@@ -55,10 +59,10 @@ topologySpreadConstraints:
         {{- include "k25.selectorLabels" . | nindent 8 }}
 {{- end -}}
 
-{{/* The repositories EnginePools may run, space-separated: the engine image's, every pool's own
+{{/* The repositories EnginePools may run, space-separated: the engine images', every pool's own
 image's (tag and digest cut off, as operators/image_policy.py reads them) and operator.allowedImages. */}}
 {{- define "k25.allowedEngineImages" -}}
-{{- $images := list (include "k25.engineImage" .) -}}
+{{- $images := list (include "k25.engineImage" .) (include "k25.vllmEngineImage" .) -}}
 {{- range .Values.engine.pools -}}{{- if .image -}}{{- $images = append $images .image -}}{{- end -}}{{- end -}}
 {{- $repositories := list -}}
 {{- range $images -}}
@@ -283,6 +287,7 @@ imagePullSecrets:
 {{- if and $quantized (not (has (toString (default "auto" $compute.dtype)) (list "auto" "bfloat16"))) -}}
 {{- fail (printf "engine.pools[%d] (%s): quant needs dtype bfloat16 or auto, not %s" $i $pool.name $compute.dtype) -}}
 {{- end -}}
+{{- include "k25.validateBackend" (dict "where" (printf "engine.pools[%d] (%s)" $i $pool.name) "pool" $pool "compute" $compute "lora" $lora) -}}
 {{- end -}}
 {{- include "k25.validateRollouts" (dict "root" . "poolNames" $names "loraPools" $loraPools) -}}
 {{- if and (hasPrefix "/models/" .Values.model) (not .Values.models.persistence.enabled) -}}
