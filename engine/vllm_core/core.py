@@ -61,10 +61,9 @@ class VLLMEngineCore:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if not config.device.startswith("cuda"):
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(plan.cpu_kv_gib)
+        from vllm.config import KVEventsConfig, StructuredOutputsConfig
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
-
-        from vllm.config import KVEventsConfig, StructuredOutputsConfig
 
         kwargs = engine_args(self.config, folder, dtype, plan, self.max_model_len, tensor_parallel_size, eager)
         kwargs.update(structured_outputs_config=StructuredOutputsConfig(**kwargs["structured_outputs_config"]),

@@ -57,7 +57,7 @@ def ask(stack, prompt_ids: list[int]) -> int:
 def gateway_metric(stack, pattern: str) -> dict[str, float]:
     with urllib.request.urlopen(f"{stack.url}/metrics", timeout=10) as response:
         text = response.read().decode()
-    return {m[1]: float(m[2]) for m in re.finditer(pattern, text, re.M)}
+    return {m[1]: float(m[2]) for m in re.finditer(pattern, text, re.MULTILINE)}
 
 
 def index_blocks(stack) -> float:
