@@ -36,6 +36,13 @@ def vllm_dtype(requested: str, device: str, cpu_flags: frozenset[str]) -> str:
     return "float32"
 
 
+def omp_threads_bind(cpus: set[int], threads: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for one engine on a CPU: its first `threads` CPUs (K25's
+    --cpu-threads), where vLLM's own choice keeps a core aside for a scheduler process that this
+    in-process engine does not run."""
+    return ",".join(map(str, sorted(cpus)[:threads]))
+
+
 def kv_bytes_per_token(model: ModelConfig, dtype: str) -> int:
     return 2 * model.num_layers * model.num_kv_heads * model.head_dim * DTYPE_BYTES[dtype]
 

@@ -4,6 +4,7 @@ engine-core contract (engine/core/contract.py): K25's own (engine/llm_engine.py)
 
 import argparse
 import importlib.util
+import os
 
 from engine.base.errors import EngineConfigError
 
@@ -56,9 +57,12 @@ def _start_vllm(args: argparse.Namespace):
     from common.engine_settings import SETTINGS
     from engine.base.config import EngineConfig
     from engine.vllm_core.core import VLLMEngineCore
+    from engine.vllm_core.settings import omp_threads_bind
     from k25.commands.engine_settings import set_cpu_threads
 
-    set_cpu_threads(args.cpu_threads)
+    threads = set_cpu_threads(args.cpu_threads)
+    if not args.device.startswith("cuda") and args.tensor_parallel_size == 1:
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", omp_threads_bind(os.sched_getaffinity(0), threads))
     settings = {setting.name: getattr(args, setting.name) for setting in SETTINGS}
     config = EngineConfig(device=args.device, **settings, **engine_config_fields(args))
     return VLLMEngineCore(config, args.model, args.tensor_parallel_size, args.enforce_eager)

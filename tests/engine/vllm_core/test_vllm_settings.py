@@ -11,6 +11,7 @@ from engine.vllm_core.settings import (
     NULL_BLOCKS,
     engine_args,
     kv_bytes_per_token,
+    omp_threads_bind,
     plan_kv,
     sampling_kwargs,
     vllm_dtype,
@@ -85,3 +86,8 @@ def test_sampling_keeps_ends_with_k25s_rules():
 def test_constraints_become_vllm_structured_outputs(kind, key):
     kwargs = sampling_kwargs(SamplingParams(constraint=Constraint(kind, "x")), ())
     assert kwargs["structured"] == {key: "x"}
+
+
+def test_omp_threads_bind_takes_the_engines_share_of_its_cpus():
+    assert omp_threads_bind({3, 1, 2, 0}, 2) == "0,1"
+    assert omp_threads_bind({5, 7}, 8) == "5,7"
