@@ -25,6 +25,7 @@ from engine.lora.adapter import AdapterRef, LoadedAdapter
 from engine.vllm_core.adapters import VLLMAdapters
 from engine.vllm_core.kv_events import EvictionCollector, KVEventTranslator
 from engine.vllm_core.model_folder import vllm_model_folder
+from engine.vllm_core.model_shape import read_shape
 from engine.vllm_core.settings import BLOCK_SIZE, engine_args, plan_kv, sampling_kwargs, vllm_dtype
 
 log = logging.getLogger(__name__)
@@ -42,11 +43,10 @@ class VLLMEngineCore:
     """Implements the engine-core contract (engine/core/contract.py) with vLLM."""
 
     def __init__(self, config: EngineConfig, model: str, tensor_parallel_size: int = 1, eager: bool = False):
-        from engine.model.loader import model_config
-
         if config.quant:
             raise EngineConfigError("--quant is K25's engine's; backend vllm serves the checkpoint's own quantisation")
-        shape = model_config(model)
+        folder = vllm_model_folder(model)
+        shape = read_shape(folder)
         dtype = vllm_dtype(config.dtype, config.device, cpu_flags())
         plan = plan_kv(config, shape, dtype)
         self.tokenizer = load_tokenizer(model)
@@ -55,7 +55,6 @@ class VLLMEngineCore:
         self.max_model_len = min(shape.max_position_embeddings, self.capacity_tokens)
         self.vocab_size = shape.vocab_size
         self.config = dataclasses.replace(config, dtype=dtype, block_size=BLOCK_SIZE, max_chunk_per_gpu=plan.max_chunk_per_gpu)
-        folder = vllm_model_folder(model)
         # read by vLLM when it is imported: the engine core runs in this thread, and on a CPU its KV
         # memory is what holds exactly the planned blocks
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"

@@ -36,15 +36,6 @@ def hf_config(config: ModelConfig, bos_token_id: int | None, eos_token_id: int |
     }
 
 
-def tokenizer_config(tokenizer, max_length: int) -> dict:
-    """tokenizer_config.json for K25's tokenizer saved as tokenizer.json (a fast tokenizer)."""
-    return {
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": tokenizer.bos_token, "eos_token": tokenizer.eos_token,
-        "pad_token": tokenizer.pad_token, "unk_token": tokenizer.unk_token, "chat_template": tokenizer.chat_template,
-        "model_max_length": max_length, "add_bos_token": tokenizer.add_bos_token, "clean_up_tokenization_spaces": False,
-    }
-
-
 def vllm_model_folder(name_or_path: str, cache_root: str | None = None) -> str:
     source = resolve_model(name_or_path)
     if source.kind == "hf":
@@ -73,9 +64,7 @@ def _write_folder(name_or_path: str, folder: str) -> None:
     save_file({name: t.contiguous() for name, t in model.weights.items()}, os.path.join(staging, "model.safetensors"),
               metadata={"format": "pt"})
     tokenizer = model.tokenizer
-    tokenizer.backend.save(os.path.join(staging, "tokenizer.json"))
-    with open(os.path.join(staging, "tokenizer_config.json"), "w") as f:
-        json.dump(tokenizer_config(tokenizer, model.config.max_position_embeddings), f, indent=1, ensure_ascii=False)
+    tokenizer.save(staging)
     with open(os.path.join(staging, "config.json"), "w") as f:  # last: its presence means the folder is whole
         json.dump(hf_config(model.config, tokenizer.bos_token_id, tokenizer.eos_token_id), f, indent=1)
     try:

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from common.engine_settings import VLLM_BLOCK_SIZE as BLOCK_SIZE  # tokens per KV block
 from engine.base.config import EngineConfig
 from engine.base.errors import EngineConfigError
-from engine.base.model_config import ModelConfig
 from engine.core.sampling_params import SamplingParams
 from engine.hardware.profiles import GIB, default_max_chunk_per_gpu, largest_max_chunk_per_gpu
+from engine.vllm_core.model_shape import ModelShape
 
 NULL_BLOCKS = 1  # vLLM keeps block 0 empty (the null block) besides the ones requests use
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -43,11 +43,11 @@ def omp_threads_bind(cpus: set[int], threads: int) -> str:
     return ",".join(map(str, sorted(cpus)[:threads]))
 
 
-def kv_bytes_per_token(model: ModelConfig, dtype: str) -> int:
+def kv_bytes_per_token(model: ModelShape, dtype: str) -> int:
     return 2 * model.num_layers * model.num_kv_heads * model.head_dim * DTYPE_BYTES[dtype]
 
 
-def plan_kv(config: EngineConfig, model: ModelConfig, dtype: str) -> KVPlan:
+def plan_kv(config: EngineConfig, model: ModelShape, dtype: str) -> KVPlan:
     """The KV blocks for `max_chunk_per_gpu` (asked for, else the node type's); on a CPU it must fit
     the memory budget beside the weights, or EngineConfigError names the largest that fits."""
     if config.chunk_size % BLOCK_SIZE:
@@ -58,7 +58,7 @@ def plan_kv(config: EngineConfig, model: ModelConfig, dtype: str) -> KVPlan:
     wanted = config.max_chunk_per_gpu or default_max_chunk_per_gpu(config.node_type)
     if not config.device.startswith("cuda"):
         budget = int(config.cpu_memory_budget_gib * GIB)
-        weight_bytes = model.num_parameters() * DTYPE_BYTES[dtype]
+        weight_bytes = model.num_parameters * DTYPE_BYTES[dtype]
         largest = largest_max_chunk_per_gpu(budget, weight_bytes, 0, chunk_bytes)
         wanted = wanted or largest
         if not 1 <= wanted <= largest:

@@ -38,14 +38,16 @@ def attach_random_adapters(hf_model, specs: dict[str, dict], seed: int = 0):
     return peft_model.eval()
 
 
-def save_tiny_llama_with_adapters(model_dir, adapter_root, tokenizer, specs: dict[str, dict] = MIXED_SPECS):
-    """A random Llama saved by transformers in model_dir, and adapter_root/<name>/ (PEFT files) for
-    each spec; returns the peft model that wrote them (for references)."""
+def save_tiny_llama_with_adapters(model_dir, adapter_root, tokenizer, specs: dict[str, dict] = MIXED_SPECS,
+                                  **model_overrides):
+    """A random Llama saved by transformers in model_dir (save_random_llama's shape, with
+    `model_overrides`), and adapter_root/<name>/ (PEFT files) for each spec; returns the peft
+    model that wrote them (for references)."""
     from transformers import LlamaForCausalLM
 
     from tests.helpers.parity import save_random_llama
 
-    save_random_llama(model_dir, tokenizer)
+    save_random_llama(model_dir, tokenizer, **model_overrides)
     hf_model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     peft_model = attach_random_adapters(hf_model, specs)
     peft_model.save_pretrained(adapter_root)

@@ -5,7 +5,8 @@ import pytest
 from engine.base.config import EngineConfig
 from engine.base.errors import EngineConfigError
 from engine.core.sampling_params import Constraint, SamplingParams
-from engine.model.loader import TINY_CONFIG
+from engine.model.loader import TINY_CONFIG as TINY
+from engine.vllm_core.model_shape import ModelShape, shape_from_config
 from engine.vllm_core.settings import (
     BLOCK_SIZE,
     NULL_BLOCKS,
@@ -16,6 +17,18 @@ from engine.vllm_core.settings import (
     sampling_kwargs,
     vllm_dtype,
 )
+
+TINY_CONFIG = ModelShape(TINY.num_layers, TINY.num_kv_heads, TINY.head_dim, TINY.vocab_size,
+                         TINY.max_position_embeddings, TINY.num_parameters())
+
+
+def test_the_shape_is_read_from_any_architectures_config():
+    mixtral = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 256,
+               "vocab_size": 100, "max_position_embeddings": 4096, "num_local_experts": 4}
+    assert shape_from_config(mixtral, 7) == ModelShape(2, 2, 64, 100, 4096, 7)
+    no_gqa = {"text_config": {"num_hidden_layers": 1, "num_attention_heads": 8, "hidden_size": 512, "head_dim": 32,
+                              "vocab_size": 10}}
+    assert shape_from_config(no_gqa, 0) == ModelShape(1, 8, 32, 10, 2048, 0)
 
 
 @pytest.mark.parametrize("requested, device, flags, expected", [
@@ -41,7 +54,7 @@ def test_kv_holds_exactly_max_chunk_per_gpu_chunks():
 def test_a_capacity_that_does_not_fit_names_the_largest_that_does():
     config = EngineConfig(chunk_size=256, max_chunk_per_gpu=10**6, cpu_memory_budget_gib=1.0)
     chunk_bytes = 256 * kv_bytes_per_token(TINY_CONFIG, "float32")
-    weights = TINY_CONFIG.num_parameters() * 4
+    weights = TINY_CONFIG.num_parameters * 4
     largest = ((1 << 30) - weights) // chunk_bytes
     with pytest.raises(EngineConfigError, match=f"the largest max_chunk_per_gpu that fits is {largest}$"):
         plan_kv(config, TINY_CONFIG, "float32")
@@ -91,3 +104,18 @@ def test_constraints_become_vllm_structured_outputs(kind, key):
 def test_omp_threads_bind_takes_the_engines_share_of_its_cpus():
     assert omp_threads_bind({3, 1, 2, 0}, 2) == "0,1"
     assert omp_threads_bind({5, 7}, 8) == "5,7"
+
+
+def test_the_shape_of_a_folder_matches_transformers(tmp_path, tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    from engine.vllm_core.model_shape import read_shape
+    from tests.helpers.parity import save_random_llama
+
+    folder = save_random_llama(tmp_path, tiny_model.tokenizer)
+    reference = AutoModelForCausalLM.from_pretrained(folder)
+    shape = read_shape(str(folder))
+    assert shape.num_parameters == reference.num_parameters()
+    config = reference.config
+    assert (shape.num_layers, shape.num_kv_heads, shape.head_dim) == (
+        config.num_hidden_layers, config.num_key_value_heads, config.hidden_size // config.num_attention_heads)
