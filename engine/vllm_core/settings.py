@@ -36,11 +36,14 @@ def vllm_dtype(requested: str, device: str, cpu_flags: frozenset[str]) -> str:
     return "float32"
 
 
-def omp_threads_bind(cpus: set[int], threads: int) -> str:
+def omp_threads_bind(cpus: set[int], threads: int, ranks: int = 1) -> str:
     """VLLM_CPU_OMP_THREADS_BIND for one engine on a CPU: its first `threads` CPUs (K25's
-    --cpu-threads), where vLLM's own choice keeps a core aside for a scheduler process that this
-    in-process engine does not run."""
-    return ",".join(map(str, sorted(cpus)[:threads]))
+    --cpu-threads, at least one per tensor-parallel rank), split among its ranks ("0,1|2,3").
+    vLLM's own choice keeps a core aside for a scheduler process that an in-process engine does
+    not run."""
+    mine = sorted(cpus)[: max(threads, ranks)]
+    per_rank = max(1, len(mine) // ranks)
+    return "|".join(",".join(map(str, mine[r * per_rank : (r + 1) * per_rank])) for r in range(ranks))
 
 
 def kv_bytes_per_token(model: ModelShape, dtype: str) -> int:

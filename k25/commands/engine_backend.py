@@ -61,8 +61,12 @@ def _start_vllm(args: argparse.Namespace):
     from k25.commands.engine_settings import set_cpu_threads
 
     threads = set_cpu_threads(args.cpu_threads)
-    if not args.device.startswith("cuda") and args.tensor_parallel_size == 1:
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", omp_threads_bind(os.sched_getaffinity(0), threads))
+    if not args.device.startswith("cuda"):
+        cpus = os.sched_getaffinity(0)
+        if len(cpus) < args.tensor_parallel_size:
+            raise EngineConfigError(f"--tensor-parallel-size {args.tensor_parallel_size} on a CPU needs a CPU per rank; "
+                                    f"this process may use {len(cpus)}")
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", omp_threads_bind(cpus, threads, args.tensor_parallel_size))
     settings = {setting.name: getattr(args, setting.name) for setting in SETTINGS}
     config = EngineConfig(device=args.device, **settings, **engine_config_fields(args))
     return VLLMEngineCore(config, args.model, args.tensor_parallel_size, args.enforce_eager)

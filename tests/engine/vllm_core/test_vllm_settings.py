@@ -104,6 +104,8 @@ def test_constraints_become_vllm_structured_outputs(kind, key):
 def test_omp_threads_bind_takes_the_engines_share_of_its_cpus():
     assert omp_threads_bind({3, 1, 2, 0}, 2) == "0,1"
     assert omp_threads_bind({5, 7}, 8) == "5,7"
+    assert omp_threads_bind({0, 1, 2, 3}, 4, ranks=2) == "0,1|2,3"
+    assert omp_threads_bind({0, 1}, 1, ranks=2) == "0|1"  # a CPU per rank at least
 
 
 def test_the_shape_of_a_folder_matches_transformers(tmp_path, tiny_model):
