@@ -94,6 +94,11 @@ SETTINGS = (
              "image; here, .venv-vllm from `make vllm`)",
     ),
     EngineSetting(
+        "expert_parallel", "expertParallel", "boolean", False,
+        help="with backend vllm, a mixture of experts' experts are spread over the tensor-parallel ranks "
+             "(vLLM's expert parallelism) instead of each expert being split across them; K25's engine refuses it",
+    ),
+    EngineSetting(
         "dtype", "dtype", "string", "auto", choices=DTYPES,
         help="weights, activations and KV cache; auto is bfloat16 on CUDA and on a CPU where the engine's bf16 "
              "projections run (AVX512-BF16, AMX or AVX2), else float32; float16 needs a GPU",

@@ -162,6 +162,8 @@ def backend_refusal(spec: EnginePoolSpec) -> str | None:
         if spec.gpus_per_replica > 1:
             return (f"spec.gpusPerReplica {spec.gpus_per_replica}: K25's engine runs on one GPU; "
                     "set backend: vllm to serve the model over several (tensor parallel)")
+        if spec.engine_settings.get("expert_parallel"):
+            return "spec.expertParallel: K25's engine serves no mixture of experts; set backend: vllm"
         return None
     if spec.engine_settings.get("quant") is not None:
         return "spec.quant is K25's engine's: backend vllm serves the checkpoint's own quantisation; leave quant unset"

@@ -86,7 +86,8 @@ def engine_args(config: EngineConfig, folder: str, dtype: str, plan: KVPlan, max
         model=folder, dtype=dtype, max_model_len=max_model_len, block_size=BLOCK_SIZE,
         num_gpu_blocks_override=plan.blocks, max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=max(config.max_num_batched_tokens, BLOCK_SIZE), enable_prefix_caching=config.prefix_caching,
-        enable_chunked_prefill=True, tensor_parallel_size=tensor_parallel_size, enforce_eager=eager,
+        enable_chunked_prefill=True, tensor_parallel_size=tensor_parallel_size,
+        enable_expert_parallel=config.expert_parallel, enforce_eager=eager,
         gpu_memory_utilization=config.gpu_memory_utilization, generation_config="vllm", disable_log_stats=True,
         structured_outputs_config={"backend": "guidance"},
         # evictions as events, which engine/vllm_core/kv_events.py collects in place of a publisher

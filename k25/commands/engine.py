@@ -246,6 +246,8 @@ def invalid_flags(args: argparse.Namespace) -> str:
     if args.backend == "k25" and args.tensor_parallel_size > 1:
         return (f"--tensor-parallel-size {args.tensor_parallel_size}: K25's engine runs on one GPU; "
                 "--backend vllm serves a model over several")
+    if args.backend == "k25" and args.expert_parallel:
+        return "--expert-parallel: K25's engine serves no mixture of experts; --backend vllm does"
     if args.backend == "vllm" and args.inject_step_failures_while:
         return "--inject-step-failures-while fails K25's engine's forward pass; not with --backend vllm"
     if args.expected_chunks_per_request < 1:

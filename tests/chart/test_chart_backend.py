@@ -23,11 +23,13 @@ VLLM = {**GPU_POOL, "backend": "vllm"}
     ({**VLLM, "nodeType": "H200", "maxChunkPerGpu": 6, "gpusPerReplica": 8}, ("vllm", 8, "cuda")),
     ({**CPU_POOL, "backend": "vllm"}, ("vllm", 1, "cpu")),  # on a CPU it takes as many chunks as fit
     ({**VLLM, "lora": {"maxLoras": 2}}, ("vllm", 1, "cuda")),  # the torch kernel, the CRD's default
+    ({**VLLM, "gpusPerReplica": 4, "expertParallel": True}, ("vllm", 4, "cuda")),
 ])
 def test_what_the_crd_accepts_the_operator_hands_the_engine_as_its_cli_takes_it(spec, expected):
     assert api_server_errors(spec) == []
     _, parsed = engine_command(spec)
     assert (parsed.backend, parsed.tensor_parallel_size, parsed.device) == expected
+    assert parsed.expert_parallel == bool(spec.get("expertParallel"))
     assert invalid_flags(parsed) == ""
 
 
@@ -36,6 +38,8 @@ def test_what_the_crd_accepts_the_operator_hands_the_engine_as_its_cli_takes_it(
      "spec.gpusPerReplica 2: K25's engine runs on one GPU; set backend: vllm"),
     ({**GPU_POOL, "backend": "k25", "gpusPerReplica": 8}, "K25's engine runs on one GPU",
      "spec.gpusPerReplica 8: K25's engine runs on one GPU"),
+    ({**GPU_POOL, "expertParallel": True}, "expertParallel needs backend vllm: K25's engine serves no mixture of experts",
+     "spec.expertParallel: K25's engine serves no mixture of experts; set backend: vllm"),
     ({**VLLM, "quant": "small"}, "quant is K25's engine's: backend vllm serves the checkpoint's own quantisation",
      "spec.quant is K25's engine's"),
     ({**VLLM, "maxChunkPerGpu": "auto"}, "maxChunkPerGpu auto is K25's engine's: with backend vllm give a number",
@@ -105,6 +109,8 @@ def test_the_operator_runs_the_vllm_image_the_chart_names_and_no_other(tmp_path)
 @pytest.mark.parametrize("values, message", [
     (pools_yaml("{name: h, nodeType: H100-80G, chunkSize: 8192, gpusPerReplica: 2}"),
      "engine.pools[0] (h): gpusPerReplica 2: K25's engine runs on one GPU; set backend: vllm"),
+    (pools_yaml("{name: h, nodeType: H100-80G, chunkSize: 8192, expertParallel: true}"),
+     "engine.pools[0] (h): expertParallel: K25's engine serves no mixture of experts; set backend: vllm"),
     (pools_yaml("{name: h, nodeType: H100-80G, chunkSize: 8192, backend: vllm, quant: small}"),
      "engine.pools[0] (h): quant is K25's engine's: backend vllm serves the checkpoint's own quantisation"),
     # engine's quant reaches every pool without its own

@@ -132,7 +132,8 @@ def test_compute_settings_are_optional_and_reach_the_operator_as_written():
     assert api_server_accepts({**VALID, **settings}) == []
     spec = parse_pool_spec(with_defaults(SPEC_SCHEMA, {**VALID, **settings}))
     assert spec.engine_settings == {"dtype": "bfloat16", "max_num_batched_tokens": 2048, "max_num_seqs": 256,
-                                    "gpu_memory_utilization": 1.0, "prefix_caching": True, "cuda_graphs": True}
+                                    "gpu_memory_utilization": 1.0, "prefix_caching": True, "cuda_graphs": True,
+                                    "expert_parallel": False}
     for dtype in ("auto", "float32", "bfloat16"):  # every dtype but float16 runs on a CPU
         cpu = {"nodeType": "CPU", "model": "tiny-random", "chunkSize": 256, "dtype": dtype}
         assert api_server_accepts(cpu) == [] and parse_pool_spec(cpu).engine_settings["dtype"] == dtype

@@ -8,6 +8,9 @@ the settings only K25's engine has. (dict "where" "engine.pools[0] (h100)" "pool
 {{- if gt $gpus 1 -}}
 {{- fail (printf "%s: gpusPerReplica %d: K25's engine runs on one GPU; set backend: vllm to serve the model over several" .where $gpus) -}}
 {{- end -}}
+{{- if .compute.expertParallel -}}
+{{- fail (printf "%s: expertParallel: K25's engine serves no mixture of experts; set backend: vllm" .where) -}}
+{{- end -}}
 {{- else -}}
 {{- if .compute.quant -}}
 {{- fail (printf "%s: quant is K25's engine's: backend vllm serves the checkpoint's own quantisation; leave quant unset (the pool's and engine.quant)" .where) -}}

@@ -78,7 +78,9 @@ def test_engine_args_carry_the_capacity_and_k25s_scheduling_settings():
     args = engine_args(config, "/m", "float32", plan, max_model_len=256, tensor_parallel_size=2)
     assert args["num_gpu_blocks_override"] == plan.blocks and args["block_size"] == BLOCK_SIZE
     assert (args["max_num_seqs"], args["max_num_batched_tokens"], args["enable_prefix_caching"]) == (7, 300, False)
-    assert args["tensor_parallel_size"] == 2 and "enable_lora" not in args
+    assert args["tensor_parallel_size"] == 2 and "enable_lora" not in args and not args["enable_expert_parallel"]
+    expert = engine_args(EngineConfig(chunk_size=64, max_chunk_per_gpu=4, expert_parallel=True), "/m", "float32", plan, 256)
+    assert expert["enable_expert_parallel"]
     with_lora = engine_args(EngineConfig(chunk_size=64, max_chunk_per_gpu=4, max_loras=2, max_cpu_loras=1,
                                          max_lora_rank=16), "/m", "float32", plan, 256)
     assert (with_lora["enable_lora"], with_lora["max_loras"], with_lora["max_cpu_loras"], with_lora["max_lora_rank"]) \
