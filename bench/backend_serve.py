@@ -5,6 +5,7 @@ Both are the commands a user runs, as child processes, so the figures are the on
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -57,16 +58,19 @@ def serve_backend(backend: str, model: str, engine_flags: list[str], serve_flags
         started = time.monotonic()
         while not _ready(url):
             if stack.poll() is not None or time.monotonic() - started > startup_timeout_s:
-                raise RuntimeError(f"`k25 up --backend {backend}` did not become ready; its log ends with:\n{_tail(up_log)}")
+                raise RuntimeError(f"`k25 up --backend {backend}` did not become ready (logs in {log_dir}); "
+                                   f"its log ends with:\n{_tail(up_log)}")
             time.sleep(0.5)
         startup_s = time.monotonic() - started
         serve = [*K25, "bench", "serve", "--url", url, *serve_flags, "--json"]
         done = subprocess.run(serve, capture_output=True, text=True, check=False)
         if done.returncode != 0:
-            raise RuntimeError(f"`k25 bench serve` exited with {done.returncode}: {done.stderr[-LOG_TAIL_CHARS:]}")
+            raise RuntimeError(f"`k25 bench serve` exited with {done.returncode} (stack logs in {log_dir}): "
+                               f"{done.stderr[-LOG_TAIL_CHARS:]}")
         report = json.loads(done.stdout.splitlines()[-1])
     finally:
         _stop(stack)
+    shutil.rmtree(log_dir)  # kept where the stack failed
     return {"backend": backend, "model": model, "up": shlex.join(["k25", *up[3:]]), "serve": shlex.join(["k25", *serve[3:]]),
             "startup_s": startup_s, "output_tokens_per_s": report["output_tokens_per_s"], "completed": report["completed"],
             "failed": report["failed"], "report": report}
