@@ -40,6 +40,13 @@ $(VLLM_STAMP): pyproject.toml Makefile
 	$(VLLM_VENV)/bin/python -c "import vllm, engine.vllm_core.core, engine.serve.server"
 	touch $(VLLM_STAMP)
 
+# what `k25 bench gpu` needs on a GPU machine with CUDA's PyTorch but no network, in parts of at most
+# 56 MiB under .gpu-carry/, one for each transfer there; bench/gpu_device.sh runs the check there
+# (docs/benchmarks/index.md, "The GPU check")
+.PHONY: gpu-carry
+gpu-carry: need-redis-server $(STAMP)
+	sh bench/gpu_carry.sh
+
 # $(call need_tool,TOOL): TOOL is on PATH, or apt-get (as root, or through sudo that asks
 # no password) installs the Debian package of the same name, or make stops with one line.
 APT_GET = $$([ "$$(id -u)" = 0 ] || echo sudo -n) env DEBIAN_FRONTEND=noninteractive apt-get -y -qq

@@ -73,30 +73,34 @@ def reference_dtype(cpu_flags: set[str]) -> str:
     return "bfloat16" if {"avx512_bf16", "amx_bf16"} & cpu_flags else "float32"
 
 
-def memory_bandwidth(nbytes: int = 1 << 29, repeats: int = 5) -> float:
-    """Bytes/s of a plain large copy (read + written), best of `repeats`: the roofline of a
-    step that streams its weights once."""
-    source, target = torch.empty(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8)
+def memory_bandwidth(nbytes: int = 1 << 29, repeats: int = 5, device: str = "cpu") -> float:
+    """Bytes/s of a plain large copy (read + written) on `device` (a GPU's HBM on CUDA), best of
+    `repeats`: the roofline of a step that streams its weights once."""
+    source = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    target = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    finish = torch.cuda.synchronize if source.is_cuda else (lambda: None)  # a CUDA copy returns before it is done
     source.fill_(1)
     target.copy_(source)  # warm up: pages touched
+    finish()
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         target.copy_(source)
+        finish()
         best = min(best, time.perf_counter() - start)
     return 2 * nbytes / best
 
 
-def decode_bytes_read(model: LlamaModel, context: int) -> int:
-    """What one decode step at batch 1 must read: every layer's weights and the head once (one
-    copy each, packed, plain or quantised; bench/quant_bytes.py), one row of the embedding, the
-    context's KV."""
-    return sum(decode_weight_bytes(model).values()) + context * kv_bytes_per_token(model.config, model.dtype)
+def decode_bytes_read(model: LlamaModel, context: int, batch: int = 1) -> int:
+    """What one decode step of `batch` sequences must read: every layer's weights and the head
+    once (one copy each, packed, plain or quantised; bench/quant_bytes.py), one row of the
+    embedding (a row a sequence: negligible, counted once), each sequence's `context` tokens of KV."""
+    return sum(decode_weight_bytes(model).values()) + batch * context * kv_bytes_per_token(model.config, model.dtype)
 
 
 def decode_step_seconds(model: LoadedModel, config: EngineConfig, context: int, steps: int, batch: int = 1) -> tuple[float, int]:
     """Median seconds of a decode step of `batch` requests with `context` prompt tokens each (all
-    different), over `steps` steps once every one is decoding; and the bytes such a step reads at batch 1."""
+    different), over `steps` steps once every one is decoding; and the bytes such a step reads."""
     engine = LLMEngine(model, config)
     low = min(1000, model.config.vocab_size // 2)
     for b in range(batch):
@@ -109,7 +113,7 @@ def decode_step_seconds(model: LoadedModel, config: EngineConfig, context: int, 
         start = time.perf_counter()
         engine.step()
         times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2], decode_bytes_read(engine.runner.model, context + steps // 2)
+    return sorted(times)[len(times) // 2], decode_bytes_read(engine.runner.model, context + steps // 2, batch)
 
 
 def run_engine(model: LoadedModel, workload: Workload, config: EngineConfig) -> float:

@@ -15,7 +15,6 @@ SIGKILL once it has run out.
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,17 +24,6 @@ from dataclasses import dataclass
 from k25.restart_policy import describe_exit, failures_in_a_row, restart_delay_s
 
 PR_SET_PDEATHSIG = 1
-
-
-def free_port(reserved: frozenset[int] = frozenset()) -> int:
-    """A port free now that is none of `reserved` (ports the stack is about to bind itself, such
-    as the gateway's: the OS may hand one of them out while it is still unbound)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in reserved:
-            return port
 
 
 def _die_with_parent() -> None:

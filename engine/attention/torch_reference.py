@@ -10,7 +10,8 @@ position p of sequence s lives in cache slot block_tables[s, p // block_size] * 
 + p % block_size. GQA: query head h reads kv head h // (num_heads // num_kv_heads).
 
 Per sequence this gathers its slots and builds its causal mask (so it syncs with the device
-and its work grows with context length); softmax in float32 (or float64 for float64 inputs)."""
+and its work grows with context length); softmax in float32 (or float64 for float64 inputs).
+`rounding_bound` says how far an implementation in a lower precision may be from the exact result."""
 
 import torch
 
@@ -82,3 +83,17 @@ def paged_attention_reference(
         probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
         out[begin:end] = torch.einsum("hnl,lhd->nhd", probs, v).to(q.dtype)
     return out
+
+
+def rounding_bound(dtype: torch.dtype, head_dim: int, context: int, max_abs_score: float, max_abs_v: float) -> float:
+    """How far an implementation computing in `dtype` with float32 accumulation may be from the
+    exact attention of the same inputs, in absolute terms over a whole batch, from the dtype's
+    unit roundoff u. float32: the scores and the p.v sums each carry at most ~(terms) * u relative
+    error (terms = head_dim, then the context), so (head_dim + context) * u * max|v|. 16-bit: the
+    scores or the probabilities rounded to the dtype (a score s off by |s| * u moves its weight by
+    that much relatively; a probability off by u moves the output by at most u * max|v|), twice,
+    plus the output's own rounding: (2 max|s| + 3) * u * max|v|."""
+    u = torch.finfo(dtype).eps / 2
+    if dtype == torch.float32:
+        return (head_dim + context) * u * max_abs_v
+    return (2 * max_abs_score + 3) * u * max_abs_v

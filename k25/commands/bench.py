@@ -92,6 +92,46 @@ def register(subparsers) -> None:
     register_prefix_index(kinds)
     register_quant(kinds)
     register_profile(kinds)
+    register_gpu(kinds)
+
+
+def register_gpu(kinds) -> None:
+    p = kinds.add_parser(
+        "gpu",
+        help="every GPU figure the engines owe, in one run of at most 8 minutes, into one JSON file",
+        description="On a CUDA device, each section in a process of its own under its time budget, one that fails "
+        "recording why: CUDA-graph decode replay against eager, token for token; the Triton paged-attention kernel "
+        "against torch's SDPA; decode step time at batch 1, 16 and 128 against the HBM bandwidth limit; and `k25 bench "
+        "serve` (64 streams) through `k25 up --backend k25` and `--backend vllm` (skipped where vLLM is not installed). "
+        "The file also names the device, the torch, CUDA and Triton versions, the commit and each section's wall time.",
+    )
+    p.add_argument("--out", required=True, metavar="FILE.json", help="where the report is written (after each section)")
+    p.add_argument("--allow-cpu", action="store_true",
+                   help="without a CUDA device, run each section on the CPU in a reduced size, on the tiny random model, so "
+                   "that its code runs (no figure of such a run is a GPU's); without it, such a run measures nothing")
+    p.add_argument("--quick", action="store_true", help="fewer and shorter measurements on the GPU: a first look in about "
+                   "half the time")
+    p.add_argument("--model", default=None, help="the model of a CUDA run: a name or a .gguf path (default smollm2-135m)")
+    p.add_argument("--git-commit", default=None, metavar="SHA",
+                   help="the commit the tree is, recorded where it is no git checkout (default: git rev-parse HEAD)")
+    p.set_defaults(handler=run_gpu_bench)
+
+
+def run_gpu_bench(args: argparse.Namespace) -> int:
+    from bench.gpu_check import run_check
+    from engine.base.errors import EngineConfigError
+    from k25.commands.engine_backend import vllm_python
+
+    try:
+        vllm_python()
+        vllm_missing = None
+    except EngineConfigError:
+        vllm_missing = "neither this Python nor the checkout's .venv-vllm has vllm"
+    report = run_check(args.out, args.allow_cpu, args.quick, args.model, vllm_missing, args.git_commit,
+                       progress=lambda m: print(f"k25 bench gpu: {m}", file=sys.stderr))
+    print(f"k25 bench gpu: wrote {args.out}", file=sys.stderr)
+    statuses = [section["status"] for section in report["sections"].values()]
+    return 1 if "error" in statuses or all(status == "skipped" for status in statuses) else 0
 
 
 def register_profile(kinds) -> None:

@@ -130,7 +130,7 @@ class LocalStack:
     def start_redis(self) -> None:
         import redis
 
-        from k25.local_stack import free_port
+        from common.ports import free_port
 
         if self.redis_url is None:
             server = shutil.which("redis-server")
@@ -146,7 +146,7 @@ class LocalStack:
         self.say(f"{'redis':<18} {self.redis_url}")
 
     def spawn_engine(self, pool: str, chunk_size: int):
-        from k25.local_stack import free_port
+        from common.ports import free_port
 
         name = f"engine-{pool}-{self._engine_counter}"
         self._engine_counter += 1
@@ -207,7 +207,7 @@ class LocalStack:
             self.say(f"{engine_id:<18} could not be removed from the registry ({exc}); its entry expires on its own")
 
     def start_chunker(self) -> str:
-        from k25.local_stack import free_port
+        from common.ports import free_port
 
         port = free_port(self._reserved_ports)
         metrics_port = free_port(self._reserved_ports | {port})

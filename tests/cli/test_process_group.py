@@ -8,7 +8,6 @@ import signal
 import sys
 import time
 
-from k25 import local_stack
 from k25.local_stack import ProcessGroup
 from k25.restart_policy import FIRST_DELAY_S
 from tests.helpers.engine_process import wait_until
@@ -90,25 +89,3 @@ def test_stop_all_ends_one_phase_after_another_and_starts_nothing_again(tmp_path
     group.stop_all(reported.append)
     assert [(e.child.name, e.what) for e in reported] == [("engine", "killed"), ("gateway", "stopped"), ("redis", "stopped")]
     assert last.starts == 1 and group.children == []
-
-
-def test_a_free_port_is_none_of_the_reserved_ones(monkeypatch):
-    """`k25 up` picks ports for its parts while the gateway's is still unbound: when the OS hands
-    out that one, another is taken."""
-    handed_out = iter([8000, 8000, 41234])
-
-    class Socket:
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def bind(self, address):
-            self.port = next(handed_out)
-
-        def getsockname(self):
-            return ("127.0.0.1", self.port)
-
-    monkeypatch.setattr(local_stack.socket, "socket", Socket)
-    assert local_stack.free_port(frozenset({8000})) == 41234

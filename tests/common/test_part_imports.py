@@ -26,7 +26,8 @@ FIRST_PARTY = {"proto", "common", "engine", "services", "operators", "bench", "k
 DEV_TOOLS = {"proto.generate"}
 # benchmarks that measure a part need that part's extra too
 BENCH_OF_ENGINE = {"bench.engine_bench", "bench.lora_bench", "bench.quant_bench", "bench.quant_bytes", "bench.quant_kl",
-                   "bench.profile_command", "bench.profile_run", "bench.profile_workload", "bench.kv_tiers_bench"}
+                   "bench.profile_command", "bench.profile_run", "bench.profile_workload", "bench.kv_tiers_bench",
+                   "bench.gpu_check", "bench.graph_replay_check", "bench.attention_check", "bench.decode_roofline"}
 BENCH_OF_CHUNKER = {"bench.chunker_bench", "bench.chunker_baseline"}
 BENCH_OF_GATEWAY = {"bench.passage_recall"}  # measures the gateway's passage ranker
 # the vLLM backend's modules that import vLLM: they run in vLLM's own environment (`make vllm`,
@@ -61,7 +62,7 @@ PARTS = {
                  [["operator"], ["rollout"], ["secrets", "ensure"]]),
     "bench": (["bench"], BENCH + ["k25.commands.simulate"], [["simulate"], ["bench", "serve"]]),
     "bench-engine": (["engine", "bench"], sorted(BENCH_OF_ENGINE), [["bench", "engine"], ["bench", "load"], ["bench", "quant"],
-                                                                    ["bench", "profile"]]),
+                                                                    ["bench", "profile"], ["bench", "gpu"]]),
     "bench-chunker": (["chunker", "bench"], sorted(BENCH_OF_CHUNKER), [["bench", "chunk"]]),
     "bench-gateway": (["gateway", "bench"], sorted(BENCH_OF_GATEWAY), [["bench", "serve"]]),
     "all": (["all"], [m for p in sorted(FIRST_PARTY - {"tests"}) for m in modules_under(p) if m not in VLLM_BACKEND],

@@ -8,7 +8,7 @@ import torch
 
 from engine.attention.backend import CpuKernelAttention, choose_attention_backend
 from engine.attention.torch_path import TorchAttention
-from engine.attention.torch_reference import paged_attention_reference
+from engine.attention.torch_reference import paged_attention_reference, rounding_bound
 from engine.core.sampling_params import SamplingParams
 from engine.core.sequence import Sequence
 from engine.runner.block_tables import BlockTables
@@ -62,19 +62,11 @@ def test_cpu_attention_equals_the_reference_on_a_mixed_batch(dtype, backend):
         q.double(), k_cache.transpose(0, 1).double(), v_cache.transpose(0, 1).double(),
         batch.block_tables, batch.query_start, batch.seq_lens, BLOCK, scale,
     )
-    # Error bound per output element, from the dtype's unit roundoff u. float32: the scores
-    # and the p.v sums each carry at most ~(terms) * u relative error (terms = head_dim, then
-    # the context), so (head_dim + context) * u * max|v|. bfloat16 computes q.k and p.v in
-    # bf16 with float32 accumulation but rounds the scores and the probabilities to bf16: a
-    # score s off by |s| * u moves its weight by that much relatively, and each probability
-    # off by u moves the output by at most u * max|v|; two such roundings plus the output's.
-    u = torch.finfo(dtype).eps / 2
+    # bfloat16 computes q.k and p.v in bf16 with float32 accumulation but rounds the scores and
+    # the probabilities to bf16: the oracle's rounding_bound says how far that may go
     max_v = float(torch.cat([v_cache.abs().max().reshape(1), v.abs().max().reshape(1)]).max())
     max_score = float((q.double() @ k_cache.double().flatten(0, 1).T).abs().max()) * scale
-    if dtype == torch.float32:
-        bound = (HEAD_DIM + int(batch.seq_lens.max())) * u * max_v
-    else:
-        bound = (2 * max_score + 3) * u * max_v
+    bound = rounding_bound(dtype, HEAD_DIM, int(batch.seq_lens.max()), max_score, max_v)
     error = (ours.double() - exact).abs().max().item()
     assert error <= bound, (error, bound)
 
