@@ -1,7 +1,11 @@
 """`k25 engine --backend vllm` as a real process (vLLM's CPU build, `make vllm`) behind K25's
 wire: greedy parity with transformers in float32 on the parity prompts, in one continuous
-batch; the same refusals as K25's engine; cancel frees the KV; the heartbeat's figures move
-with load. Fails, never skips, when .venv-vllm is missing."""
+batch; the same refusals as K25's engine; cancel and deadlines free the KV; the heartbeat's figures
+move with load; a drain lets the running request finish. Fails, never skips, when .venv-vllm is
+missing."""
+
+import signal
+import time
 
 import pytest
 
@@ -117,3 +121,25 @@ def test_the_kv_guard_refuses_cancel_frees_the_kv_and_the_heartbeat_shows_the_lo
                what="the cancelled request's KV freed")
     _, final = answer(client, smollm2_prompts[2], max_tokens=2)
     assert final.WhichOneof("kind") == "final"
+
+
+def test_a_deadline_ends_the_request_and_frees_its_kv(engine, client, smollm2_prompts):
+    message = generate_message(smollm2_prompts[4], CHUNK, max_tokens=1000, ignore_eos=True)
+    message.generate.deadline_unix_s = time.time() + 1.0
+    send(client, message)
+    last = receive_until_done(client, message.generate.request_id, timeout_s=120)[-1]
+    assert last.error.code == k25_pb2.DEADLINE_EXCEEDED, last
+    wait_until(lambda: (e := engine.registry_entry()) and int(e["running"]) == 0 and e["free_kv_fraction"] == 1,
+               what="the expired request's KV freed")
+
+
+def test_last_a_drain_lets_the_running_request_finish(engine, client, smollm2_prompts):
+    """Last in the module: it stops the engine."""
+    message = generate_message(smollm2_prompts[4], CHUNK, max_tokens=40, ignore_eos=True)
+    send(client, message)
+    first = receive(client, timeout_s=120)
+    assert first.WhichOneof("kind") == "delta"
+    engine.process.send_signal(signal.SIGTERM)
+    rest = receive_until_done(client, message.generate.request_id, timeout_s=120)
+    assert rest[-1].final.finish_reason == k25_pb2.LENGTH and rest[-1].final.usage.completion_tokens == 40, rest[-1]
+    assert engine.process.wait(timeout=60) == 0, engine.log()
