@@ -119,10 +119,10 @@ class VLLMEngineCore:
         lora = self._adapters.request_for(request.adapter) if request.adapter is not None else None
         kwargs = sampling_kwargs(request.sampling, self.tokenizer.eos_token_ids)
         structured = kwargs.pop("structured", None)
-        params = SamplingParams(**kwargs, output_kind=RequestOutputKind.DELTA,
-                                structured_outputs=StructuredOutputsParams(**structured) if structured else None)
         prompt_input = {"prompt_token_ids": prompt} | ({"cache_salt": request.cache_salt} if request.cache_salt else {})
         try:
+            params = SamplingParams(**kwargs, output_kind=RequestOutputKind.DELTA,
+                                    structured_outputs=StructuredOutputsParams(**structured) if structured else None)
             vllm_id = self._llm.add_request(request.request_id, prompt_input, params, lora_request=lora)
         except (ValueError, VLLMValidationError) as exc:  # vLLM's own refusal of what K25's checks let through
             raise EngineError(ErrorCode.INVALID_ARGUMENT, str(exc)) from None

@@ -96,6 +96,12 @@ def test_refusals_are_k25s(client, smollm2_prompts):
         send(client, message)
         reply = receive(client)
         assert reply.WhichOneof("kind") == "error" and reply.error.code == k25_pb2.INVALID_ARGUMENT, message
+    # a grammar K25's llguidance reads and vLLM's older one does not: vLLM's own refusal, the same error
+    unreadable = generate_message(smollm2_prompts[3], CHUNK, max_tokens=2,
+                                  constraint=k25_pb2.Constraint(lark='start: "a" ("b") ~ 0..3'))
+    send(client, unreadable)
+    reply = receive(client)
+    assert reply.WhichOneof("kind") == "error" and reply.error.code == k25_pb2.INVALID_ARGUMENT, reply
     wrong_chunk = generate_message(smollm2_prompts[3], 32, max_tokens=2)
     send(client, wrong_chunk)
     assert receive(client).error.code == k25_pb2.CHUNK_SIZE_MISMATCH
