@@ -7,8 +7,10 @@ each scenario prints what its load saw (`pytest -s` shows it):
 (b) an engine gets SIGKILL: only the streams it was running end, each with an error event;
     nothing hangs, and it starts again;
 (c) Redis is restarted (empty): the engines register again; no request fails;
-(d) an engine's every step fails (--inject-step-failures-while): within a heartbeat it says
-    it is unhealthy and gets no more traffic; only streams it was running when its steps
+(d) an engine's every step fails (--inject-step-failures-while): after its first failed step
+    (--max-failed-steps 1 here; at the default of 3 the gateway, which routes away from an
+    engine's errors, sends it the third failing request only minutes later) it says within a
+    heartbeat that it is unhealthy and gets no more traffic; only streams it was running when its steps
     began to fail end (with an error event), and it serves again once its steps work;
 (e) a pool at zero engines (`k25 up --engines 0 --autoscale`) gets load: its requests wait
     while their own demand starts the first engine; no request fails;
@@ -120,7 +122,7 @@ FAULT_FILE = "fail-steps-{engine_id}"
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     faults = tmp_path_factory.mktemp("faults")
-    stack_flags = [f"--engine-flag=--inject-step-failures-while={faults / FAULT_FILE}"]
+    stack_flags = [f"--engine-flag=--inject-step-failures-while={faults / FAULT_FILE}", "--engine-flag=--max-failed-steps=1"]
     for service in two_engine_stack(tmp_path_factory, "chaos", *stack_flags):
         service.faults = faults
         yield service
