@@ -21,7 +21,7 @@ from engine.lora.adapter import AdapterRef, AdapterWeights, LoadedAdapter
 from engine.lora.eviction import least_recent_idle
 from engine.lora.peft_format import parse_peft_adapter
 from engine.lora.slots import LoRASlots
-from engine.lora.source import parse_checksum, read_adapter_files
+from engine.lora.source import parse_checksum, read_adapter_files, read_checked_files
 
 log = logging.getLogger(__name__)
 
@@ -89,12 +89,7 @@ class AdapterManager:
         ref.validate()
         if self.slots is None:
             raise EngineError(ErrorCode.INVALID_ARGUMENT, "LoRA adapters are off on this engine (max_loras=0)")
-        expected = parse_checksum(checksum) if checksum else None
-        files = read_adapter_files(self.root, path)
-        if expected is not None and files.sha256 != expected:
-            raise EngineError(
-                ErrorCode.INVALID_ARGUMENT, f"adapter {ref.key} at {path!r} has sha256 {files.sha256}, expected {expected}"
-            )
+        files = read_checked_files(self.root, ref.key, path, checksum)
         return ReadAdapter(ref, path, files.sha256, parse_peft_adapter(files, self.model_config, self.slots.max_rank))
 
     def register(self, read: ReadAdapter) -> LoadedAdapter:

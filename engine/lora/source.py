@@ -41,6 +41,17 @@ def parse_checksum(checksum: str) -> str:
     return match.group(1)
 
 
+def read_checked_files(root: str | None, key: str, path: str, checksum: str | None) -> AdapterFiles:
+    """The adapter `key`'s files under `root`, refused unless they hash to `checksum` when one is given."""
+    expected = parse_checksum(checksum) if checksum else None
+    files = read_adapter_files(root, path)
+    if expected is not None and files.sha256 != expected:
+        raise EngineError(
+            ErrorCode.INVALID_ARGUMENT, f"adapter {key} at {path!r} has sha256 {files.sha256}, expected {expected}"
+        )
+    return files
+
+
 def read_adapter_files(root: str | None, path: str) -> AdapterFiles:
     directory = _resolve_under_root(root, path)
     root_real = Path(root).resolve()

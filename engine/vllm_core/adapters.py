@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from engine.base.errors import EngineError, ErrorCode
 from engine.lora.adapter import AdapterRef, LoadedAdapter
-from engine.lora.source import parse_checksum, read_adapter_files
+from engine.lora.source import read_checked_files
 
 
 @dataclass(frozen=True)
@@ -39,11 +39,7 @@ class VLLMAdapters:
         ref.validate()
         if not self._max_loras:
             raise EngineError(ErrorCode.INVALID_ARGUMENT, "LoRA adapters are off on this engine (max_loras=0)")
-        files = read_adapter_files(self._root, path)
-        expected = parse_checksum(checksum) if checksum else None
-        if expected is not None and files.sha256 != expected:
-            raise EngineError(ErrorCode.INVALID_ARGUMENT,
-                              f"adapter {ref.key} at {path!r} has sha256 {files.sha256}, expected {expected}")
+        files = read_checked_files(self._root, ref.key, path, checksum)
         rank = int(json.loads(files.config).get("r", 0))
         return ReadVLLMAdapter(ref, path, str(files.directory), files.sha256, rank)
 

@@ -21,6 +21,7 @@ from engine.core.output_processor import OutputProcessor
 from engine.core.request import EngineRequest, RequestOutput
 from engine.core.sampling_params import SampledToken
 from engine.core.sequence import FinishReason, Sequence
+from engine.kernels.cpu_build import cpu_flags
 from engine.lora.adapter import AdapterRef, LoadedAdapter
 from engine.vllm_core.adapters import VLLMAdapters
 from engine.vllm_core.kv_events import EvictionCollector, KVEventTranslator
@@ -29,14 +30,6 @@ from engine.vllm_core.model_shape import read_shape
 from engine.vllm_core.settings import BLOCK_SIZE, engine_args, plan_kv, sampling_kwargs, vllm_dtype
 
 log = logging.getLogger(__name__)
-
-
-def cpu_flags() -> frozenset[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return frozenset(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
-    except OSError:
-        return frozenset()
 
 
 class VLLMEngineCore:

@@ -26,7 +26,7 @@ class KVPlan:
     cpu_kv_gib: int  # VLLM_CPU_KVCACHE_SPACE: whole GiB that hold those blocks (CPU only)
 
 
-def vllm_dtype(requested: str, device: str, cpu_flags: frozenset[str]) -> str:
+def vllm_dtype(requested: str, device: str, cpu_flags: set[str] | frozenset[str]) -> str:
     """`auto`: bfloat16 on CUDA and on a CPU with AVX512-BF16 or AMX (where vLLM's CPU kernels run
     it natively), else float32 (vLLM emulates bfloat16 there, several times slower)."""
     if requested != "auto":
