@@ -38,6 +38,8 @@ class GrammarChecker:
             if key in self._checked:
                 self._checked.move_to_end(key)
                 return None
+        # the tokenizer's table is built once, outside the bound: it is not the constraint's cost
+        await asyncio.to_thread(getattr, self, "ll_tokenizer")
         try:
             error = await asyncio.wait_for(asyncio.to_thread(self._compile, constraint), self.timeout_s)
         except TimeoutError:

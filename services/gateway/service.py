@@ -314,7 +314,7 @@ class Gateway:
                     delta = message.delta.text
                     text += delta
                     if calls is not None:
-                        for payload in tool_call_chunks(job, created, calls, *calls.push(delta), part):
+                        for payload in tool_call_chunks(job, created, calls.push(delta), part):
                             yield sse(payload)
                     elif shape.chat:
                         yield sse(chat_chunk(job.request_id, created, job.model, {"content": delta}, logprobs=part))
@@ -325,7 +325,7 @@ class Gateway:
                 outcome.finished(final)
                 reason = FINISH_REASONS[final.finish_reason]
                 if calls is not None:
-                    for payload in tool_call_chunks(job, created, calls, calls.finish(), []):
+                    for payload in tool_call_chunks(job, created, calls.finish()):
                         yield sse(payload)
                     reason = tool_finish_reason(reason, calls.calls)
                 if shape.chat:
@@ -369,14 +369,18 @@ class Answer:
     final: k25_pb2.Final | None = None
 
 
-def tool_call_chunks(job: Job, created: int, reader: ToolCallReader, content: str, calls: list, logprobs=None):
-    """The stream chunks of what a ToolCallReader gave out: content, then each call whole, in
-    OpenAI's delta shape (the index counts the answer's calls)."""
-    if content or logprobs:
-        yield chat_chunk(job.request_id, created, job.model, {"content": content}, logprobs=logprobs)
-    first = len(reader.calls) - len(calls)
-    for index, call in enumerate(calls, start=first):
-        yield chat_chunk(job.request_id, created, job.model, {"tool_calls": [{"index": index, **call.body()}]})
+def tool_call_chunks(job: Job, created: int, pieces: list, logprobs=None):
+    """The stream chunks of what a ToolCallReader gave out, in order: content, and pieces of
+    calls in OpenAI's delta shape (the index counts the answer's calls). The step's logprobs
+    go with its first chunk of content, or with a chunk of their own."""
+    if logprobs and (not pieces or not isinstance(pieces[0], str)):
+        pieces = ["", *pieces]
+    for piece in pieces:
+        if isinstance(piece, str):
+            yield chat_chunk(job.request_id, created, job.model, {"content": piece}, logprobs=logprobs)
+            logprobs = None
+        else:
+            yield chat_chunk(job.request_id, created, job.model, {"tool_calls": [piece.body()]})
 
 
 def _trim(logprobs, wanted: int | None):

@@ -132,24 +132,40 @@ def test_required_tool_call(client):
     _check_calls(answer.choices[0].message.tool_calls)
 
 
-def test_required_parallel_tool_calls_streamed(client):
-    chunks = list(client.chat.completions.create(
-        model=MODEL, messages=WEATHER_QUESTION, tools=[WEATHER, TIME], tool_choice="required", max_tokens=320,
-        temperature=0, stream=True))
-    deltas = [call for c in chunks if c.choices for call in c.choices[0].delta.tool_calls or ()]
+def _streamed_calls(chunks) -> list:
+    """The calls of a streamed answer, folded by index as OpenAI's clients do: a call's first
+    delta names it (id, type, name), the later ones carry only more of its arguments."""
+    calls = []
+    for delta in (call for c in chunks if c.choices for call in c.choices[0].delta.tool_calls or ()):
+        if delta.index == len(calls):
+            assert delta.id and delta.type == "function" and delta.function.name
+            calls.append(delta.model_copy(deep=True))
+        else:
+            assert delta.index == len(calls) - 1 and delta.id is None and delta.function.name is None
+            calls[-1].function.arguments += delta.function.arguments
+    return calls
+
+
+def test_required_parallel_tool_calls_streamed_as_the_whole_answer(client):
+    request = dict(model=MODEL, messages=WEATHER_QUESTION, tools=[WEATHER, TIME], tool_choice="required",
+                   max_tokens=320, temperature=0)
+    chunks = list(client.chat.completions.create(**request, stream=True))
+    calls = _streamed_calls(chunks)
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
-    assert [d.index for d in deltas] == list(range(len(deltas))) and 1 <= len(deltas) <= MAX_PARALLEL_CALLS
-    _check_calls(deltas)
+    assert 1 <= len(calls) <= MAX_PARALLEL_CALLS
+    _check_calls(calls)
+    whole = client.chat.completions.create(**request).choices[0].message.tool_calls
+    assert [(c.function.name, c.function.arguments) for c in calls] == [(c.function.name, c.function.arguments) for c in whole]
 
 
 def test_named_tool_call_streamed(client):
     chunks = list(client.chat.completions.create(
         model=MODEL, messages=WEATHER_QUESTION, tools=[WEATHER, TIME], max_tokens=150, temperature=0.8, seed=5,
         tool_choice={"type": "function", "function": {"name": "get_time"}}, stream=True))
-    deltas = [call for c in chunks if c.choices for call in c.choices[0].delta.tool_calls or ()]
+    calls = _streamed_calls(chunks)
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
-    assert len(deltas) == 1 and deltas[0].index == 0
-    _check_calls(deltas, {"get_time"})
+    assert len(calls) == 1
+    _check_calls(calls, {"get_time"})
 
 
 def test_auto_answers_in_text_or_valid_calls(client):

@@ -6,6 +6,8 @@ import json
 
 import llguidance
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from common.constraint_grammar import compile_error, grammar_of, ll_tokenizer_of
 from common.tokenizer import load_tokenizer
@@ -95,19 +97,55 @@ def test_the_tool_call_grammar(tokenizer, ll, free_text, parallel, text, accepte
 def test_answers_are_read_for_calls_of_known_tools_only():
     content, calls = read_answer(f"Adding. {CALL}\n<tool_call>\nnot json\n</tool_call>", frozenset({"add"}))
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("add", {"a": 1, "b": 2})]
-    assert content == "Adding. \n<tool_call>\nnot json\n</tool_call>"
+    assert content == "Adding.\n<tool_call>\nnot json\n</tool_call>"
     assert read_answer(CALL, frozenset({"now"})) == (CALL, [])
 
 
-def test_a_streamed_answer_gives_out_text_and_whole_calls_in_order():
+def test_a_streamed_answer_gives_out_text_then_each_call_piece_by_piece():
     reader = ToolCallReader(frozenset({"add"}))
-    pieces = ["Sure <tool", "_call>\n{\"name\":\"add\",", "\"arguments\":{\"a\":1,\"b\":2}}\n</tool_call>", "\n", CALL]
-    given = [reader.push(piece) for piece in pieces]
-    assert "".join(text for text, _ in given) + reader.finish() == "Sure "
-    assert [len(calls) for _, calls in given] == [0, 0, 1, 0, 1]
+    pieces = ["Sure <tool", "_call>\n{\"name\":\"add\",", "\"arguments\":{\"a\":1,", "\"b\":2}", "}\n</tool_call>", "\n", CALL]
+    given = [reader.push(piece) for piece in pieces] + [reader.finish()]
+    assert given[0] == ["Sure"]
+    assert given[1] == []  # the head is not whole yet
+    head, first = given[2]
+    assert (head.index, head.call.name, head.arguments, first.arguments) == (0, "add", "", '{"a":1,')
+    assert [d.arguments for d in given[3]] == ['"b":2']  # the brace may still close the block
+    assert [d.arguments for d in given[4]] == ["}"]
+    assert given[5] == []  # whitespace between calls is not content
+    assert [(d.index, d.arguments, d.call is not None) for d in given[6]] == [(1, "", True), (1, '{"a":1,"b":2}', False)]
+    assert [json.loads(call.arguments) for call in reader.calls] == [{"a": 1, "b": 2}] * 2
+    assert reader.content == "Sure"
     unfinished = ToolCallReader(frozenset({"add"}))
-    assert unfinished.push("a <tool_call>\n{") == ("a ", [])
-    assert unfinished.finish() == "<tool_call>\n{"
+    assert unfinished.push("a <tool_call>\n{") == ["a"]
+    assert unfinished.finish() == [" <tool_call>\n{"]
+
+
+def test_a_call_cut_short_gives_out_the_arguments_it_has():
+    reader = ToolCallReader(frozenset({"add"}))
+    given = reader.push('<tool_call>\n{"name": "add", "arguments": {"a": 1}') + reader.finish()
+    assert "".join(d.arguments for d in given) == '{"a": 1}'
+
+
+_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=6),
+                       lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+                       max_leaves=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(calls=st.lists(st.dictionaries(st.text(max_size=4), _VALUES, max_size=3), min_size=1, max_size=3),
+       spaced=st.booleans(), lead=st.text(alphabet="ab <>{}\n", max_size=8), data=st.data())
+def test_streamed_pieces_join_into_the_whole_answer_s_calls(calls, spaced, lead, data):
+    separators = (", ", ": ") if spaced else (",", ":")
+    blocks = [f'<tool_call>\n{{"name": "add", "arguments": {json.dumps(c, separators=separators)}}}\n</tool_call>' for c in calls]
+    answer = lead + "\n".join(blocks)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(answer)), max_size=12)))
+    reader = ToolCallReader(frozenset({"add"}))
+    given = [g for a, b in zip([0, *cuts], [*cuts, len(answer)]) for g in reader.push(answer[a:b])] + reader.finish()
+    content, whole = read_answer(answer, frozenset({"add"}))
+    assert "".join(g for g in given if isinstance(g, str)) == content
+    streamed = ["".join(g.arguments for g in given if not isinstance(g, str) and g.index == i) for i in range(len(calls))]
+    assert streamed == [call.arguments for call in whole]
+    assert [json.loads(text) for text in streamed] == calls
 
 
 def test_the_default_tool_prompt_writes_calls_and_results_as_text(tokenizer):
