@@ -1,7 +1,7 @@
 """What constrained decoding costs the engine: the same streams decoded free and constrained,
 in turn, in one process, so that both see the same machine.
 
-`python -m bench.constraint_cost [--streams 64] [--max-tokens 96] [--rounds 3] [engine flags]`
+`python -m bench.constraint_cost [--model smollm2-135m] [--streams 64] [--max-tokens 96] [--rounds 3] [--dtype auto]`
 
 Every stream asks for one of `k25 bench serve --structured json`'s schemas (bench/serve_structured.py),
 chat-templated as the gateway would. Constrained, its answer must be a list of at least
@@ -18,10 +18,12 @@ import sys
 import time
 
 from bench.serve_structured import SCHEMA_MIX, structured_body
+from engine.base.config import EngineConfig
 from engine.core.sampling_params import Constraint, SamplingParams
+from engine.hardware.dtype_choice import choose_dtype, this_cpu_bf16_path
 from engine.llm_engine import LLMEngine
+from engine.model.loader import load_model
 from engine.offline import generate
-from k25.commands.engine_settings import add_engine_settings, load_for_engine
 
 
 def endless_schema(schema: dict, items: int) -> str:
@@ -64,9 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=3)
-    add_engine_settings(parser)
+    parser.add_argument("--dtype", default="auto", help="as k25 engine's (auto: bfloat16 where this CPU runs it)")
     args = parser.parse_args(argv)
-    model, config = load_for_engine(args)
+    dtype = choose_dtype(args.dtype, "cpu", this_cpu_bf16_path() if args.dtype == "auto" else None)
+    model = load_model(args.model, dtype.dtype)
+    config = EngineConfig(dtype=dtype.name)
     prompts, free, constrained = workload(model.tokenizer, args.streams, args.max_tokens)
     engine = LLMEngine(model, config)
     run(engine, prompts, constrained[:2])  # warm-up: the grammars compile once, and are cached
