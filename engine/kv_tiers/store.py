@@ -50,12 +50,10 @@ class TierStore:
     def find(self, hashes: list[int]) -> list[str]:
         tiers = []
         for h in hashes:
-            if h in self.host:
-                tiers.append(HOST)
-            elif self.disk is not None and h in self.disk:
-                tiers.append(DISK)
-            else:
+            tier = self.tier_of(h)
+            if tier is None:
                 break
+            tiers.append(tier)
         return tiers
 
     def fetch(self, hashes: list[int]) -> None:
@@ -101,6 +99,27 @@ class TierStore:
         if self.disk is not None:
             tiers[DISK] = (len(self.disk.index), len(self.disk.index) * self.block_bytes)
         return tiers
+
+    def tier_of(self, key: int) -> str | None:
+        if key in self.host:
+            return HOST
+        return DISK if self.disk is not None and key in self.disk else None
+
+    def watch(self, enabled: bool) -> None:
+        changed = None
+        if enabled:
+            changed = set(self.host.keys()) | set(self.disk.index.keys() if self.disk is not None else ())
+        self.host.changed = changed  # one set for both tiers
+        if self.disk is not None:
+            self.disk.index.changed = changed
+
+    def take_changed(self) -> set[int]:
+        changed = self.host.changed
+        if not changed:
+            return set()
+        taken = set(changed)
+        changed.clear()
+        return taken
 
     # --- copies, called by the model runner before a step's forward ---------------------
 
