@@ -105,5 +105,6 @@ class EngineBackend(Protocol):
     def adapter_keys(self) -> list[str]: ...
 
     def close(self) -> None:
-        """Release what outlives a request: the KV tiers' worker thread, their copies under way.
-        The last call; the server makes it once it has ended every request."""
+        """Release what outlives a request: the KV tiers' copies under way and their worker
+        thread, after writing the device's cached blocks to the disk tier if there is one. The
+        last call; the server makes it once it has ended every request."""

@@ -96,7 +96,7 @@ class EngineCore:
 
     def close(self) -> None:
         if self.lower_tiers is not None:
-            self.lower_tiers.close()
+            self.lower_tiers.close(self.block_manager.cached_blocks())
 
     def drain(self) -> list[str]:
         self.set_kv_events(False)

@@ -70,5 +70,7 @@ class LowerTiers(Protocol):
     def take_changed(self) -> set[int]:
         """The keys that entered or left a tier since the last call, while watching."""
 
-    def close(self) -> None:
-        """Finish the copies under way and stop the disk tier's worker thread."""
+    def close(self, device_blocks: list[tuple[int, int]] = ()) -> None:
+        """Finish the copies under way and stop the disk tier's worker thread once it has written
+        them. With a disk tier, the cached device blocks `device_blocks` ((hash, block)) that no
+        tier holds yet are written down first: the engine restarted finds them on disk."""

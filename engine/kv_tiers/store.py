@@ -139,7 +139,10 @@ class TierStore:
                 self.host.unpin(h)
         self.stats.copy_seconds += time.perf_counter() - started
 
-    def close(self) -> None:
+    def close(self, device_blocks: list[tuple[int, int]] = ()) -> None:
+        if self.disk is not None:
+            self._offload([(h, b) for h, b in device_blocks if self.tier_of(h) is None and h not in self._in_flight_keys],
+                          time.time())
         if self._copy_stream is not None:
             self._copy_stream.synchronize()
         self._settle_offloads()

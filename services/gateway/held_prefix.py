@@ -11,7 +11,7 @@ memory or from disk cost a few percent of computing it."""
 from typing import NamedTuple
 
 # share of a block's prefill saved when the engine holds it in host memory / on local disk
-HOST_TIER_WEIGHT = 0.95
+HOST_TIER_WEIGHT = 0.97
 DISK_TIER_WEIGHT = 0.9
 
 
