@@ -3,11 +3,13 @@ document in host memory, against routing that does not (`python -m bench.kv_tier
 
 Each engine's device holds two documents and its host tier `--host-documents` (by default half
 the library and one: the two hosts hold it once, not twice; a document takes the blocks of its
-padded prompt, its question's and padding's blocks included). D documents of L tokens are asked Q rounds
-of questions, one at a time, each round in a new random order (the same for every side). Every side runs two fresh engines in this process, one after
-the other, and routes with the gateway's own parts: plan_route over the engines' load and free
-KV, and, where it knows them, the prefix index fed with the engines' KV events as the wire
-carries them (engine/serve/kv_events.py), weighed by held_prefix.saved_share.
+padded prompt, its question's and padding's blocks included). D documents of L tokens are asked
+Q rounds of questions, one at a time, each round in a new random order, and each question is
+asked of every side in turn (so that a machine whose speed drifts weighs on each side alike).
+Every side has two engines of its own in this process, and routes with the gateway's own parts:
+plan_route over the engines' load and free KV, and, where it knows them, the prefix index fed
+with the engines' KV events as the wire carries them (engine/serve/kv_events.py), weighed by
+held_prefix.saved_share.
 
 - load only: no prefix index (free KV, load, then a turn that rotates);
 - device only: the index as a gateway that knows no tiers reads the events (a block that left the
@@ -15,7 +17,7 @@ carries them (engine/serve/kv_events.py), weighed by held_prefix.saved_share.
 - tier-aware: the index with the tiers.
 
 Reports TTFT p50 and mean over the rounds after the first (the first computes every document),
-their wall time, and the cached tokens by tier."""
+the time those questions took, and the cached tokens by tier."""
 
 import argparse
 import random
@@ -90,24 +92,38 @@ class Side:
         self.index.apply(message)
 
 
-def run_side(side: Side, docs, questions, orders) -> dict:
-    ttfts, started, tokens = [], None, {"device": 0, "host": 0, "disk": 0, "prompt": 0}
+def run_sides(sides: list[Side], docs, questions, orders) -> dict:
+    """Every question asked of every side in turn (the first side rotating), so that a machine
+    whose speed drifts weighs on each side alike; a side's time is the sum of its questions'."""
+    results = {side.name: {"ttfts": [], "later_rounds_s": 0.0, "tokens": dict.fromkeys(TOKEN_KINDS, 0)} for side in sides}
     for r, order in enumerate(orders):
-        if r == 1:
-            started = time.perf_counter()
         for i, d in enumerate(order):
-            out = side.ask(docs[d] + questions[(r + d) % len(questions)], r * len(order) + i)
-            if r:
-                ttfts.append(out.timings.time_to_first_token_s)
-                usage = out.usage
-                tokens["prompt"] += usage.prompt_tokens
-                tokens["host"] += usage.host_cached_tokens
-                tokens["disk"] += usage.disk_cached_tokens
-                tokens["device"] += usage.cached_tokens - usage.host_cached_tokens - usage.disk_cached_tokens
-    for engine in side.engines.values():
-        engine.close()
-    return {"ttft_p50_s": statistics.median(ttfts), "ttft_mean_s": statistics.mean(ttfts),
-            "later_rounds_s": time.perf_counter() - started, "tokens": tokens}
+            turn = r * len(order) + i
+            for side in sides[turn % len(sides):] + sides[: turn % len(sides)]:
+                started = time.perf_counter()
+                out = side.ask(docs[d] + questions[(r + d) % len(questions)], turn)
+                if r:
+                    result = results[side.name]
+                    result["later_rounds_s"] += time.perf_counter() - started
+                    result["ttfts"].append(out.timings.time_to_first_token_s)
+                    count_tokens(result["tokens"], out.usage)
+    for side in sides:
+        for engine in side.engines.values():
+            engine.close()
+    for result in results.values():
+        ttfts = result.pop("ttfts")
+        result.update(ttft_p50_s=statistics.median(ttfts), ttft_mean_s=statistics.mean(ttfts))
+    return results
+
+
+TOKEN_KINDS = ("prompt", "device", "host", "disk")
+
+
+def count_tokens(tokens: dict, usage) -> None:
+    tokens["prompt"] += usage.prompt_tokens
+    tokens["host"] += usage.host_cached_tokens
+    tokens["disk"] += usage.disk_cached_tokens
+    tokens["device"] += usage.cached_tokens - usage.host_cached_tokens - usage.disk_cached_tokens
 
 
 def main(argv=None) -> dict:
@@ -137,7 +153,7 @@ def main(argv=None) -> dict:
     host_gib = host_documents * prompt_blocks * block_bytes / (1 << 30)
     config = EngineConfig(chunk_size=CHUNK, block_size=BLOCK, max_chunk_per_gpu=args.device_chunks,
                           max_num_batched_tokens=2 * CHUNK, dtype=dtype, kv_host_tier_gib=host_gib)
-    results = {name: run_side(Side(name, model, config), docs, questions, orders) for name in SIDES}
+    results = run_sides([Side(name, model, config) for name in SIDES], docs, questions, orders)
     base = results["load only"]
     print(f"2 engines, {args.documents} documents x {args.doc_tokens} tokens, device KV {args.device_chunks * CHUNK} tokens "
           f"each, host tier {host_documents} documents each, {args.rounds} rounds, {args.model} {dtype}, "

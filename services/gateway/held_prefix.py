@@ -5,8 +5,9 @@ An engine may hold a prompt's leading blocks on its device, in host memory or on
 in a tier below is copied back first, which costs a share of what computing it would. A block's
 weight is the share of its prefill that holding it saves: 1 on the device, less below. The
 defaults are measured (`python -m bench.kv_tier_copy_cost`, docs/benchmarks/index.md "KV tiers:
-what a block brought back costs"): on the CPU they measured, bringing a block back from host
-memory or from disk cost a few percent of computing it."""
+what a block brought back costs"): on an AMD EPYC engine (SmolLM2-135M, bf16, 16-token blocks)
+a block came back from host memory in 1.2 ms and from disk in 4.8 ms, against 47 ms to compute
+it: weights 0.974 and 0.899. Not measured on a GPU, where prefill is far faster against a copy."""
 
 from typing import NamedTuple
 

@@ -83,20 +83,23 @@ class PrefixIndex:
         with self._lock:
             engine_of = {anchor: engine_id for engine_id, anchor in self._anchor_of.items()}
             live_anchors = sum(engine_of)
+            below_device = live_anchors << HOST_SHIFT | live_anchors << DISK_SHIFT
             below: dict[int, list[int]] = {}  # anchor -> [host blocks, disk blocks] in its run so far
             alive = 0  # anchors of the engines holding every block so far
             for i, h in enumerate(hashes):
                 mask = self._entries.get(h, 0)
                 held = (mask | mask >> HOST_SHIFT | mask >> DISK_SHIFT) & (live_anchors if i == 0 else alive)
-                for anchor in _bits(alive & ~held):
-                    matched[engine_of[anchor]] = _run(i, below.get(anchor))
+                if alive & ~held:
+                    for anchor in _bits(alive & ~held):
+                        matched[engine_of[anchor]] = _run(i, below.get(anchor))
                 alive = held
                 if not alive:
                     break
                 self._entries.move_to_end(h)
-                for tier, shift in ((0, HOST_SHIFT), (1, DISK_SHIFT)):
-                    for anchor in _bits((mask >> shift) & alive):
-                        below.setdefault(anchor, [0, 0])[tier] += 1
+                if mask & below_device:
+                    for tier, shift in ((0, HOST_SHIFT), (1, DISK_SHIFT)):
+                        for anchor in _bits((mask >> shift) & alive):
+                            below.setdefault(anchor, [0, 0])[tier] += 1
             for anchor in _bits(alive):
                 matched[engine_of[anchor]] = _run(len(hashes), below.get(anchor))
         return matched
