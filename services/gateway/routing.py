@@ -15,10 +15,9 @@ gateway's prefix index: the share of the prompt's prefill it saves, blocks held 
 memory or on disk counting less than those on the device, held_prefix.py), load decides
 instead, less CACHE_AFFINITY_REQUESTS times the chunks of the prompt each engine holds (its
 share times the prompt's length in chunks, at least one): questions about one document go
-where its KV is, until that engine has more
-requests than another by what the document's prefill would cost the other (a 2,000-token
-document in 256-token chunks: about 31 requests; a prompt of one chunk: 4), when the other
-takes them (and caches the document too). Load counts, besides requests, the prefill this
+where its KV is, until that engine has more requests than another by what the document's
+prefill would cost the other (a 2,000-token document in 256-token chunks: about 31 requests;
+a prompt of one chunk: 4), when the other takes them (and caches the document too). Load counts, besides requests, the prefill this
 gateway sent an engine that has not produced a first token yet, QUEUED_CHUNK_REQUESTS a
 chunk: a queued document weighs what its prefill costs, not one request, so that new
 documents go to the engine with the least of them queued. That queued prefill weighs on a
