@@ -56,8 +56,8 @@ def main(argv=None) -> dict:
     model = load_model(args.model)
     rng = random.Random(0)
     device_chunks = -(-(args.doc_tokens + 2 * BLOCK) // CHUNK) + 1  # one prompt and a chunk
-    base = dict(chunk_size=CHUNK, block_size=BLOCK, max_chunk_per_gpu=device_chunks, max_num_batched_tokens=2 * CHUNK,
-                dtype=dtype)
+    base = {"chunk_size": CHUNK, "block_size": BLOCK, "max_chunk_per_gpu": device_chunks,
+            "max_num_batched_tokens": 2 * CHUNK, "dtype": dtype}
     times: dict[str, list[float]] = {"none": [], "device": [], "host": [], "disk": []}
     cached: dict[str, int] = {}
     with tempfile.TemporaryDirectory() as disk:

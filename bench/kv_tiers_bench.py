@@ -101,7 +101,7 @@ def main(argv=None) -> dict:
     rng = random.Random(0)
     docs = [[rng.randrange(100, 20000) for _ in range(args.doc_tokens)] for _ in range(args.documents)]
     questions = [[rng.randrange(100, 20000) for _ in range(16)] for _ in range(4)]
-    base = dict(chunk_size=256, max_chunk_per_gpu=args.device_chunks, max_num_batched_tokens=512, dtype=args.dtype)
+    base = {"chunk_size": 256, "max_chunk_per_gpu": args.device_chunks, "max_num_batched_tokens": 512, "dtype": args.dtype}
     with tempfile.TemporaryDirectory() as disk:
         sides = {
             "tiers off": EngineConfig(**base, kv_host_tier_gib=0.0),
