@@ -64,6 +64,14 @@ class BlockManager:
         """How many block tables hold `block` now."""
         return self._refs[block]
 
+    def holds(self, h: int) -> bool:
+        """Whether a block is cached under prefix hash `h`."""
+        return h in self._block_of
+
+    def cached_blocks(self) -> list[tuple[int, int]]:
+        """Every cached block, as (prefix hash, block)."""
+        return [(h, block) for block, h in self._hash_of.items()]
+
     def cached_hash(self, block: int) -> int | None:
         """The prefix hash `block` is cached under, if any."""
         return self._hash_of.get(block)

@@ -6,13 +6,14 @@ same server.
 The calls come from one thread, the one that steps the engine, except `read_adapter`, which
 any thread may call."""
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from common.tokenizer import Tokenizer
 from engine.base.config import EngineConfig
 from engine.base.errors import EngineError
+from engine.core.lower_tiers import DEVICE, DISK, HOST
 from engine.core.request import EngineRequest, RequestOutput
 from engine.lora.adapter import LoadedAdapter
 
@@ -51,12 +52,16 @@ class EngineLoad:
 class StepResult:
     """What a step gives back: each request's new output (a delta or its end), what it computed
     (None: no model step ran), whether the model step failed (None: none ran), and the
-    prefix-cache changes since the last step while KV events are on."""
+    prefix-cache changes since the last step while KV events are on: for each block hash that
+    changed, the highest tier that holds it now (KV_TIERS), None when no tier does."""
 
     outputs: list[RequestOutput]
     record: StepRecord | None = None
     forward_failed: bool | None = None
-    kv_events: tuple[Sequence[int], Sequence[int]] = ((), ())  # (block hashes stored, removed)
+    kv_events: Mapping[int, str | None] = field(default_factory=dict)
+
+
+KV_TIERS = (DEVICE, HOST, DISK)  # highest first; a backend without lower tiers names only DEVICE
 
 
 class EngineBackend(Protocol):
@@ -79,7 +84,9 @@ class EngineBackend(Protocol):
     def load(self) -> EngineLoad: ...
 
     def set_kv_events(self, enabled: bool) -> None:
-        """Collect prefix-cache changes for StepResult.kv_events (off: drop what was collected)."""
+        """Collect prefix-cache changes for StepResult.kv_events (off: drop what was collected).
+        Turned on, the first step's changes include every block a tier below the device already
+        holds (a restarted engine's disk)."""
 
     def drain(self) -> list[str]:
         """Stop announcing prefix-cache changes; the ids of requests that have not started (the
@@ -96,3 +103,8 @@ class EngineBackend(Protocol):
 
     @property
     def adapter_keys(self) -> list[str]: ...
+
+    def close(self) -> None:
+        """Release what outlives a request: the KV tiers' copies under way and their worker
+        thread, after writing the device's cached blocks to the disk tier if there is one. The
+        last call; the server makes it once it has ended every request."""

@@ -13,6 +13,7 @@ from engine.core.admission import check_room, validate
 from engine.core.block_manager import BlockManager
 from engine.core.contract import EngineLoad, StepRecord, StepResult
 from engine.core.executor import ModelExecutor
+from engine.core.lower_tiers import DEVICE
 from engine.core.output_processor import OutputProcessor
 from engine.core.request import EngineRequest, RequestOutput
 from engine.core.sampling_params import SampledToken
@@ -88,8 +89,14 @@ class EngineCore:
 
     def set_kv_events(self, enabled: bool) -> None:
         self.block_manager.events_enabled = enabled
+        if self.lower_tiers is not None:
+            self.lower_tiers.watch(enabled)
         if not enabled:
             self.block_manager.take_events()
+
+    def close(self) -> None:
+        if self.lower_tiers is not None:
+            self.lower_tiers.close(self.block_manager.cached_blocks())
 
     def drain(self) -> list[str]:
         self.set_kv_events(False)
@@ -220,8 +227,18 @@ class EngineCore:
             outputs.append(output)
         return outputs
 
-    def _kv_events(self) -> tuple[list[int], list[int]]:
-        return self.block_manager.take_events() if self.block_manager.events_enabled else ([], [])
+    def _kv_events(self) -> dict[int, str | None]:
+        """Each block hash that entered or left a tier, with the highest tier that holds it now."""
+        if not self.block_manager.events_enabled:
+            return {}
+        stored, removed = self.block_manager.take_events()
+        changed = [*removed, *stored, *(self.lower_tiers.take_changed() if self.lower_tiers is not None else ())]
+        return {h: self._tier_of(h) for h in changed}
+
+    def _tier_of(self, h: int) -> str | None:
+        if self.block_manager.holds(h):
+            return DEVICE
+        return self.lower_tiers.tier_of(h) if self.lower_tiers is not None else None
 
     def _expire_deadlines(self) -> list[RequestOutput]:
         now = time.time()

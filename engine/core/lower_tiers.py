@@ -9,6 +9,8 @@ of the batch does not wait."""
 from dataclasses import dataclass
 from typing import Protocol
 
+# the tiers, highest first: where the KV events say a prefix block is (engine/core/contract.py)
+DEVICE = "device"
 HOST = "host"
 DISK = "disk"
 
@@ -57,3 +59,18 @@ class LowerTiers(Protocol):
 
     def tier_blocks(self) -> dict[str, tuple[int, int]]:
         """(blocks, bytes) each lower tier holds now."""
+
+    def tier_of(self, key: int) -> str | None:
+        """The highest tier below the device that holds `key` (HOST or DISK), or None."""
+
+    def watch(self, enabled: bool) -> None:
+        """Record the keys that enter or leave a tier, for `take_changed`; when it starts, every
+        key held counts as changed (a restarted engine's disk blocks are announced)."""
+
+    def take_changed(self) -> set[int]:
+        """The keys that entered or left a tier since the last call, while watching."""
+
+    def close(self, device_blocks: list[tuple[int, int]] = ()) -> None:
+        """Finish the copies under way and stop the disk tier's worker thread once it has written
+        them. With a disk tier, the cached device blocks `device_blocks` ((hash, block)) that no
+        tier holds yet are written down first: the engine restarted finds them on disk."""

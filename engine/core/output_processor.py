@@ -68,7 +68,8 @@ class OutputProcessor:
             text=text,
             finish_reason=reason,
             error=error,
-            usage=Usage(len(seq.prompt_token_ids), len(seq.output_token_ids), seq.pad_length, seq.num_cached_tokens),
+            usage=Usage(len(seq.prompt_token_ids), len(seq.output_token_ids), seq.pad_length, seq.num_cached_tokens,
+                        seq.host_cached_tokens, seq.disk_cached_tokens),
             timings=Timings(
                 queued_s=(seq.first_scheduled_time or now) - seq.arrival_time,
                 time_to_first_token_s=(seq.first_token_time or now) - seq.arrival_time,

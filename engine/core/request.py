@@ -26,7 +26,9 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     pad_tokens: int
-    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache, in any tier
+    host_cached_tokens: int = 0  # ... of which were brought back from host memory
+    disk_cached_tokens: int = 0  # ... and from local disk
 
 
 @dataclass

@@ -225,8 +225,11 @@ class Scheduler:
         seq.cached_blocks = start
         stats = self.lower_tiers.stats
         block_size = self.block_manager.block_size
-        stats.host_hit_tokens += len(hashes) * block_size
-        stats.disk_hit_tokens += sum(h in seq.disk_fetched for h in hashes) * block_size
+        tokens, disk_tokens = len(hashes) * block_size, sum(h in seq.disk_fetched for h in hashes) * block_size
+        stats.host_hit_tokens += tokens
+        stats.disk_hit_tokens += disk_tokens
+        if seq.preemptions == 0:  # as num_cached_tokens: what its first admission found
+            seq.host_cached_tokens, seq.disk_cached_tokens = tokens - disk_tokens, disk_tokens
 
     def _count_lookup(self, seq: Sequence, computed: int) -> None:
         seq.num_computed_tokens = computed

@@ -54,6 +54,8 @@ class Sequence:
     block_hashes: list[int] = field(default_factory=list)
     cached_blocks: int = 0
     num_cached_tokens: int = 0
+    host_cached_tokens: int = 0  # of num_cached_tokens, those brought back from host memory
+    disk_cached_tokens: int = 0  # ... and those read from disk first
     disk_fetched: set[int] = field(default_factory=set)  # block hashes it waited to have read from the disk tier
     tier_held: set[int] = field(default_factory=set)  # ... and those of its prefix kept in host memory meanwhile
 

@@ -52,6 +52,9 @@ class TierIndex:
             raise ValueError(f"a tier holds at least 0 blocks, got {self.capacity}")
         self._entries: dict[int, TierEntry] = {}
         self._free_slots = list(range(self.capacity - 1, -1, -1))
+        # keys added or removed since it was set (None: not recorded): what the engine's KV
+        # events announce (engine/core/engine_core.py); tiers may share one set
+        self.changed: set[int] | None = None
 
     def __contains__(self, key: int) -> bool:
         return key in self._entries
@@ -105,6 +108,8 @@ class TierIndex:
             self.remove(evicted[0])
         slot = self._free_slots.pop()
         self._entries[key] = TierEntry(slot, now, uses)
+        if self.changed is not None:
+            self.changed.add(key)
         return slot, evicted
 
     def remove(self, key: int) -> TierEntry:
@@ -114,4 +119,6 @@ class TierIndex:
             raise RuntimeError(f"block {key:#x} is pinned; it cannot leave the tier")
         del self._entries[key]
         self._free_slots.append(entry.slot)
+        if self.changed is not None:
+            self.changed.add(key)
         return entry

@@ -11,6 +11,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from dataclasses import dataclass
 
 from engine.core.tier_policy import ScoreWeights, TierIndex
@@ -109,6 +110,10 @@ class DiskTier:
                 reads.append((key, value))
 
     def close(self) -> None:
+        """Take in the reads and writes under way (the index then names every file written),
+        let the worker delete what they displaced, and stop it."""
+        while (self._pending_writes or self._pending_reads) and self._thread.is_alive():
+            self.poll(time.time(), timeout=0.1)
         self._ops.put(None)
         self._thread.join()
 

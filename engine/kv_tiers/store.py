@@ -50,12 +50,10 @@ class TierStore:
     def find(self, hashes: list[int]) -> list[str]:
         tiers = []
         for h in hashes:
-            if h in self.host:
-                tiers.append(HOST)
-            elif self.disk is not None and h in self.disk:
-                tiers.append(DISK)
-            else:
+            tier = self.tier_of(h)
+            if tier is None:
                 break
+            tiers.append(tier)
         return tiers
 
     def fetch(self, hashes: list[int]) -> None:
@@ -102,6 +100,27 @@ class TierStore:
             tiers[DISK] = (len(self.disk.index), len(self.disk.index) * self.block_bytes)
         return tiers
 
+    def tier_of(self, key: int) -> str | None:
+        if key in self.host:
+            return HOST
+        return DISK if self.disk is not None and key in self.disk else None
+
+    def watch(self, enabled: bool) -> None:
+        changed = None
+        if enabled:
+            changed = set(self.host.keys()) | set(self.disk.index.keys() if self.disk is not None else ())
+        self.host.changed = changed  # one set for both tiers
+        if self.disk is not None:
+            self.disk.index.changed = changed
+
+    def take_changed(self) -> set[int]:
+        changed = self.host.changed
+        if not changed:
+            return set()
+        taken = set(changed)
+        changed.clear()
+        return taken
+
     # --- copies, called by the model runner before a step's forward ---------------------
 
     def apply(self, offload: list[tuple[int, int]], restore: list[tuple[int, int]]) -> None:
@@ -120,7 +139,10 @@ class TierStore:
                 self.host.unpin(h)
         self.stats.copy_seconds += time.perf_counter() - started
 
-    def close(self) -> None:
+    def close(self, device_blocks: list[tuple[int, int]] = ()) -> None:
+        if self.disk is not None:
+            self._offload([(h, b) for h, b in device_blocks if self.tier_of(h) is None and h not in self._in_flight_keys],
+                          time.time())
         if self._copy_stream is not None:
             self._copy_stream.synchronize()
         self._settle_offloads()

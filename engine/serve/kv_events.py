@@ -1,24 +1,27 @@
 """Telling gateways what the prefix cache gained and lost, so that they can send a prompt to
 the engine that holds its prefix (the channel and message: common/redis_keys.py, KVEvents).
 
-The serving thread hands each step's changes to `add` (a list append under a lock); a daemon
-thread publishes what gathered every `interval_s` as one message. Redis stays off the token
+The serving thread hands each step's changes to `add` (block hash -> the highest tier that holds
+it now, under a lock); a daemon thread publishes what gathered every `interval_s` as one
+message, each hash in its latest state. Redis stays off the token
 path: when it is down the changes are dropped, and the first message after it is back says
 `cleared`, so gateways forget this engine's older hashes instead of trusting a stale picture.
 The first message of every start says `cleared` too (a restarted engine's cache is empty)."""
 
 import logging
 import threading
+from collections.abc import Mapping
 
 import redis
 
 from common.redis_keys import kv_events_channel
+from engine.core.contract import DEVICE, DISK, HOST
 from proto import k25_pb2
 
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 0.05
-# hashes waiting beyond which they are dropped (and gateways told to forget): a bound on memory
+# changed hashes waiting beyond which they are dropped (and gateways told to forget): a bound on memory
 # while Redis is slow or down
 MAX_PENDING = 200_000
 
@@ -34,8 +37,7 @@ class KVEventPublisher:
         self.max_pending = max_pending
         self.published = 0  # messages Redis took
         self._lock = threading.Lock()
-        self._stored: list[int] = []
-        self._removed: list[int] = []
+        self._pending: dict[int, str | None] = {}  # block hash -> its highest tier now, None: none
         self._cleared = True
         self._redis_down = False
         self._stop = threading.Event()
@@ -44,22 +46,20 @@ class KVEventPublisher:
     def start(self) -> None:
         self._thread.start()
 
-    def add(self, stored: list[int], removed: list[int]) -> None:
+    def add(self, changes: Mapping[int, str | None]) -> None:
+        """A step's changes (StepResult.kv_events), applied over those not yet published."""
         with self._lock:
-            if len(self._stored) + len(self._removed) + len(stored) + len(removed) > self.max_pending:
-                self._stored, self._removed, self._cleared = [], [], True
-                return
-            self._stored += stored
-            self._removed += removed
+            self._pending.update(changes)
+            if len(self._pending) > self.max_pending:
+                self._pending, self._cleared = {}, True
 
     def publish_pending(self) -> bool:
         """Publish what gathered as one message; False if Redis did not take it."""
         with self._lock:
-            if not (self._stored or self._removed or self._cleared):
+            if not (self._pending or self._cleared):
                 return True
-            message = k25_pb2.KVEvents(engine_id=self.engine_id, incarnation=self.incarnation, cleared=self._cleared,
-                                       stored=self._stored, removed=self._removed)
-            self._stored, self._removed, self._cleared = [], [], False
+            message = kv_events_message(self.engine_id, self.incarnation, self._cleared, self._pending)
+            self._pending, self._cleared = {}, False
         try:
             self.client.publish(self.channel, message.SerializeToString())
         except redis.RedisError as exc:
@@ -67,7 +67,7 @@ class KVEventPublisher:
                 log.warning("kv events: Redis unreachable (%s); dropping cache events until it is back", exc)
             self._redis_down = True
             with self._lock:
-                self._stored, self._removed, self._cleared = [], [], True
+                self._pending, self._cleared = {}, True
             return False
         self._redis_down = False
         self.published += 1
@@ -83,5 +83,15 @@ class KVEventPublisher:
         if self._thread.is_alive():
             self._thread.join(timeout=self.interval_s + 5)
         with self._lock:
-            self._stored, self._removed, self._cleared = [], [], True
+            self._pending, self._cleared = {}, True
         self.publish_pending()
+
+
+def kv_events_message(engine_id: str, incarnation: str, cleared: bool, changes: Mapping[int, str | None]) -> k25_pb2.KVEvents:
+    """The wire form of `changes` (proto/k25.proto KVEvents): a hash not on the device is in
+    `removed`, and also in `host` or `disk` when a tier below holds it."""
+    by_tier: dict[str | None, list[int]] = {DEVICE: [], HOST: [], DISK: [], None: []}
+    for h, tier in changes.items():
+        by_tier[tier].append(h)
+    return k25_pb2.KVEvents(engine_id=engine_id, incarnation=incarnation, cleared=cleared, stored=by_tier[DEVICE],
+                            removed=by_tier[HOST] + by_tier[DISK] + by_tier[None], host=by_tier[HOST], disk=by_tier[DISK])

@@ -174,7 +174,7 @@ class EngineServer:
             self.traces.stepped(result.record)
             self._dispatch(result.outputs)
             if self.kv_events is not None:
-                self.kv_events.add(*result.kv_events)
+                self.kv_events.add(result.kv_events)
         if not self._can_step():
             self.health.idle()
         # published before sending, so that a client that has a step's output also sees its load
@@ -355,7 +355,8 @@ class EngineServer:
 
     def close(self, why: str = "the engine is shutting down") -> None:
         """End every request still running with an Error CANCELLED saying `why`, send what the
-        peers take within the linger time, and close the socket."""
+        peers take within the linger time, close the socket, then the engine (its KV tiers'
+        copies under way finish, their worker thread ends)."""
         self._end(list(self._routes), EngineError(ErrorCode.CANCELLED, why))
         self._routes.clear()
         self._calls.cancel()
@@ -371,6 +372,7 @@ class EngineServer:
             self._authenticator.stop()
         self._context.term()
         self._publish_stats()
+        self.engine.close()
 
     def _end(self, request_ids: list[str], error: EngineError) -> None:
         """End these requests now with `error`, answering their peers (one frame per peer)."""

@@ -4,7 +4,8 @@ Each traced request gets a `k25.engine.request` span, a child of the caller's sp
 `traceparent` in its GenerateRequest), with children for its time in the queue, each
 prefill slice (one `k25.engine.prefill_chunk` span per engine step that computed part of
 its prompt; traces keep that older name) and its decoding (one span from the first decode
-step to the end). The spans are made from the
+step to the end). The request's span says how many of its prompt tokens were found cached,
+and in which KV tier (device, host memory, disk). The spans are made from the
 steps' own clock readings, so tracing adds no work to the model's forward pass.
 """
 
@@ -16,8 +17,16 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from common.tracing import context_from
 from engine.core.contract import StepRecord
+from engine.core.request import Usage
 
 tracer = trace.get_tracer("k25.engine")
+
+
+def tier_attributes(usage: Usage) -> dict[str, int]:
+    """The prompt's cached tokens by the KV tier they came from (engine/kv_tiers/)."""
+    device = usage.cached_tokens - usage.host_cached_tokens - usage.disk_cached_tokens
+    return {"k25.kv_tier.device_tokens": device, "k25.kv_tier.host_tokens": usage.host_cached_tokens,
+            "k25.kv_tier.disk_tokens": usage.disk_cached_tokens}
 
 
 @dataclass
@@ -90,7 +99,8 @@ class RequestTraces:
             span.set_attributes({"gen_ai.usage.input_tokens": output.usage.prompt_tokens,
                                  "gen_ai.usage.output_tokens": output.usage.completion_tokens,
                                  "k25.prefix_cache.cached_tokens": output.usage.cached_tokens,
-                                 "k25.prefix_cache.hit_rate": output.usage.cached_tokens / max(1, output.usage.prompt_tokens)})
+                                 "k25.prefix_cache.hit_rate": output.usage.cached_tokens / max(1, output.usage.prompt_tokens),
+                                 **tier_attributes(output.usage)})
         if output.error is not None:
             span.set_status(Status(StatusCode.ERROR, f"{output.error.code.name}: {output.error.message}"))
         span.end(end_time=now)

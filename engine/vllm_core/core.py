@@ -94,6 +94,10 @@ class VLLMEngineCore:
         if not enabled:
             self._kv_events.take()
 
+    def close(self) -> None:
+        """Nothing to release: vLLM keeps no KV tier below the device, and its engine core runs
+        in this thread, ending with the process."""
+
     def drain(self) -> list[str]:
         self.set_kv_events(False)
         return [rid for rid, seq in self._sequences.items() if seq.first_scheduled_time is None

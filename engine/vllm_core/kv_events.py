@@ -5,11 +5,13 @@ translates, and the gateway keeps no knowledge of either backend's internals.
 A request's prompt blocks are announced stored when its prefill is done: K25's chain over its
 prompt (seeded by its adapter and salt), paired block by block with vLLM's hashes of the same
 blocks. vLLM reports evictions (BlockRemoved, AllBlocksCleared) by its own hashes; the pairing
-turns them back into K25's. A block vLLM hashes alike for two requests is one block to both."""
+turns them back into K25's. A block vLLM hashes alike for two requests is one block to both.
+vLLM keeps blocks on the device only: a block it evicts is held nowhere."""
 
 from collections.abc import Sequence
 
 from common.prefix_hash import cache_seed, chain_block_hashes
+from engine.core.contract import DEVICE
 
 
 class KVEventTranslator:
@@ -17,8 +19,7 @@ class KVEventTranslator:
         self.block_size = block_size
         self.enabled = False
         self._k25_of: dict[object, int] = {}  # vLLM's hash of a cached block -> K25's
-        self._stored: list[int] = []
-        self._removed: list[int] = []
+        self._changes: dict[int, str | None] = {}  # K25's hash -> DEVICE, or None once evicted
 
     def prompt_cached(self, prompt: Sequence[int], adapter: str, salt: str, vllm_hashes: Sequence[object]) -> None:
         """The full blocks of `prompt` are in vLLM's cache under `vllm_hashes` (first to last)."""
@@ -27,21 +28,20 @@ class KVEventTranslator:
             if vllm_hash not in self._k25_of:
                 self._k25_of[vllm_hash] = k25_hash
                 if self.enabled:
-                    self._stored.append(k25_hash)
+                    self._changes[k25_hash] = DEVICE
 
     def evicted(self, vllm_hashes: Sequence[object]) -> None:
         for vllm_hash in vllm_hashes:
             k25_hash = self._k25_of.pop(vllm_hash, None)
             if k25_hash is not None and self.enabled:
-                self._removed.append(k25_hash)
+                self._changes[k25_hash] = None
 
     def cleared(self) -> None:
         self.evicted(list(self._k25_of))
 
-    def take(self) -> tuple[list[int], list[int]]:
-        """(stored, removed) since the last take; nothing while announcing is off."""
-        taken = self._stored, self._removed
-        self._stored, self._removed = [], []
+    def take(self) -> dict[int, str | None]:
+        """The changes since the last take (StepResult.kv_events); nothing while announcing is off."""
+        taken, self._changes = self._changes, {}
         return taken
 
 

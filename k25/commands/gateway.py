@@ -54,7 +54,7 @@ def register(subparsers) -> None:
     p.add_argument("--document-ttl-s", type=int, default=7 * 24 * 3600,
                    help="a stored document is deleted this many seconds after its upload (default 604800, 7 days)")
     p.add_argument("--prefix-index-max-blocks", type=int, default=262_144,
-                   help="prompt block hashes remembered for cache-aware routing, about 130-180 bytes each (default 262144)")
+                   help="prompt block hashes remembered for cache-aware routing, about 135-190 bytes each (default 262144)")
     p.add_argument("--share-prefix-cache-across-tenants", action="store_true",
                    help="let tenants' requests reuse each other's cached prompts (default: each tenant's are its own)")
     p.add_argument("--pool", dest="pools", type=pool_spec, action="append", default=[], metavar="NAME=CHUNK_SIZE",

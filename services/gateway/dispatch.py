@@ -40,6 +40,7 @@ from services.gateway.errors import (
     invalid_request,
     overloaded,
 )
+from services.gateway.held_prefix import held_share, saved_share
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.prefix_index import PrefixIndex
 from services.gateway.registry_view import RegistryView
@@ -266,9 +267,10 @@ class Dispatcher:
             raise OpenAIError(503, f"no engine holds adapter {job.adapter.key} yet; try again shortly", "server_error",
                               "adapter_loading", headers={"Retry-After": str(RETRY_AFTER_S)})
         open_requests = {e.engine_id: self.connections.open_requests(e.address) for e in candidates}
-        cached_share = cached_shares(job, candidates, self.prefix_index) if self.prefix_index is not None else None
+        held = held_shares(job, candidates, self.prefix_index) if self.prefix_index is not None else {}
+        saved = {engine_id: share for engine_id, (_, share) in held.items()}
         plan = plan_route(candidates, prompt_tokens, max_tokens, open_requests=open_requests, turn=next(_turns),
-                          cached_share=cached_share, recent_errors=self.errors.counts(time.time()),
+                          cached_share=saved, recent_errors=self.errors.counts(time.time()),
                           unprefilled_tokens=self.unprefilled)
         if plan.refusal is Refusal.NEVER_FITS:
             missing = pools_without_engines(pools, engines, prompt_tokens, max_tokens)
@@ -290,7 +292,7 @@ class Dispatcher:
                 # before the first await, not at the first token: a document's next question,
                 # planned while this one is sent, waits or prefills there, follows it and finds its KV
                 self.prefix_index.record(engine.engine_id, engine.incarnation, job.block_hashes(engine.block_size))
-            uncached = prompt_tokens - round((cached_share or {}).get(engine.engine_id, 0.0) * prompt_tokens)
+            uncached = prompt_tokens - round(saved.get(engine.engine_id, 0.0) * prompt_tokens)
             self.unprefilled[engine.engine_id] = self.unprefilled.get(engine.engine_id, 0) + uncached
             try:
                 stream = await self.connections.get(engine.address).submit(requests[route.chunk_size], self.connect_timeout_s)
@@ -326,7 +328,7 @@ class Dispatcher:
                     previous_failure, last_fault = reason, first.error
                     continue
                 raise from_engine_error(first.error)
-            expected = round((cached_share or {}).get(engine.engine_id, 0.0) * prompt_tokens)
+            expected = round(held.get(engine.engine_id, (0.0, 0.0))[0] * prompt_tokens)
             return OpenedStream(route.pool, engine, stream, first, job.deadline, self.errors, expected)
         if last_fault is not None:  # the last engine failed the job rather than refusing it
             raise from_engine_error(last_fault)
@@ -341,14 +343,18 @@ class Dispatcher:
             self.unprefilled.pop(engine_id, None)
 
 
-def cached_shares(job: Job, engines: list[EngineView], index: PrefixIndex) -> dict[str, float]:
-    """Per engine id, the share of the job's prompt that the index says its prefix cache holds."""
+def held_shares(job: Job, engines: list[EngineView], index: PrefixIndex) -> dict[str, tuple[float, float]]:
+    """Per engine id that the index says holds the start of the job's prompt in some tier: the
+    share of the prompt it holds, and the share of its prefill that saves (held_prefix.py)."""
     shares = {}
+    prompt_tokens = len(job.prompt_token_ids)
     for block_size in {e.block_size for e in engines if e.block_size}:
         matched = index.matched_blocks(job.block_hashes(block_size))
         for engine in engines:
-            if engine.block_size == block_size and engine.engine_id in matched:
-                shares[engine.engine_id] = matched[engine.engine_id] * block_size / len(job.prompt_token_ids)
+            run = matched.get(engine.engine_id) if engine.block_size == block_size else None
+            if run is not None:
+                shares[engine.engine_id] = (held_share(run, block_size, prompt_tokens),
+                                            saved_share(run, block_size, prompt_tokens))
     return shares
 
 

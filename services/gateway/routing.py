@@ -11,12 +11,13 @@ load (running and waiting as last reported, plus this gateway's own requests ope
 which are fresher), then by a turn that rotates with every request, so that idle engines
 share the work instead of the first one taking it all.
 When some engine's prefix cache holds part of the prompt (`cached_share`, from the
-gateway's prefix index), load decides instead, less CACHE_AFFINITY_REQUESTS times the
-chunks of the prompt each engine holds (its share times the prompt's length in chunks, at
-least one): questions about one document go where its KV is, until that engine has more
-requests than another by what the document's prefill would cost the other (a 2,000-token
-document in 256-token chunks: about 31 requests; a prompt of one chunk: 4), when the other
-takes them (and caches the document too). Load counts, besides requests, the prefill this
+gateway's prefix index: the share of the prompt's prefill it saves, blocks held in host
+memory or on disk counting less than those on the device, held_prefix.py), load decides
+instead, less CACHE_AFFINITY_REQUESTS times the chunks of the prompt each engine holds (its
+share times the prompt's length in chunks, at least one): questions about one document go
+where its KV is, until that engine has more requests than another by what the document's
+prefill would cost the other (a 2,000-token document in 256-token chunks: about 31 requests;
+a prompt of one chunk: 4), when the other takes them (and caches the document too). Load counts, besides requests, the prefill this
 gateway sent an engine that has not produced a first token yet, QUEUED_CHUNK_REQUESTS a
 chunk: a queued document weighs what its prefill costs, not one request, so that new
 documents go to the engine with the least of them queued. That queued prefill weighs on a
@@ -183,7 +184,8 @@ def plan_route(engines: list[EngineView], prompt_tokens: int, max_tokens: int,
                unprefilled_tokens: dict[str, int] | None = None) -> RoutePlan:
     """`open_requests`: this gateway's requests open per engine id; `turn`: a number that
     changes from one request to the next (it rotates the order of otherwise equal engines);
-    `cached_share`: per engine id, the share of the prompt its prefix cache holds (0..1);
+    `cached_share`: per engine id, the share of the prompt's prefill its KV tiers save (0..1,
+    held_prefix.saved_share);
     `recent_errors`: per engine id, the errors this gateway saw from it lately;
     `unprefilled_tokens`: per engine id, prompt tokens this gateway sent there, not expected
     cached, that have no first token yet (prefill still to run)."""

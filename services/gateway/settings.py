@@ -35,7 +35,7 @@ class GatewaySettings:
     zmq_rcvhwm: int = 5000
     zmq_linger_ms: int = 1000
     curve_secret_key: bytes | None = None  # the release's CURVE key, which engines and the chunker ask for
-    # prefix-cache-aware routing: block hashes remembered (about 130-180 bytes each), and whether
+    # prefix-cache-aware routing: block hashes remembered (about 135-190 bytes each), and whether
     # tenants share cached prompts (False: each tenant's requests carry its name as cache salt)
     prefix_index_max_blocks: int = 262_144
     share_prefix_cache_across_tenants: bool = False

@@ -84,5 +84,6 @@ def test_a_document_question_is_one_trace_across_every_process(stack, receiver):
         # the prompt's tokens are computed in its prefill slices, but for those found in the prefix cache
         cached = request.attributes["k25.prefix_cache.cached_tokens"]
         assert sum(p.attributes["k25.tokens"] for p in prefills) == request.attributes["gen_ai.usage.input_tokens"] - cached
+        assert sum(request.attributes[f"k25.kv_tier.{tier}_tokens"] for tier in ("device", "host", "disk")) == cached
         assert request.attributes["k25.engine"] and request.attributes["k25.pool"] == "default"
         assert all(request.start_ns <= c.start_ns <= c.end_ns <= request.end_ns for c in children)

@@ -27,8 +27,8 @@ DEV_TOOLS = {"proto.generate"}
 # benchmarks that measure a part need that part's extra too
 BENCH_OF_ENGINE = {"bench.engine_bench", "bench.lora_bench", "bench.quant_bench", "bench.quant_bytes", "bench.quant_kl",
                    "bench.profile_command", "bench.profile_run", "bench.profile_workload", "bench.kv_tiers_bench",
-                   "bench.gpu_check", "bench.graph_replay_check", "bench.attention_check", "bench.decode_roofline",
-                   "bench.constraint_cost"}
+                   "bench.kv_tier_copy_cost", "bench.kv_tiers_routing_bench", "bench.constraint_cost",
+                   "bench.gpu_check", "bench.graph_replay_check", "bench.attention_check", "bench.decode_roofline"}
 BENCH_OF_CHUNKER = {"bench.chunker_bench", "bench.chunker_baseline"}
 BENCH_OF_GATEWAY = {"bench.passage_recall"}  # measures the gateway's passage ranker
 # the vLLM backend's modules that import vLLM: they run in vLLM's own environment (`make vllm`,

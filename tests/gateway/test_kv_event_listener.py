@@ -3,6 +3,7 @@ the channel is skipped and counted, and the listener keeps listening."""
 
 from common.redis_keys import kv_events_channel
 from proto import k25_pb2
+from services.gateway.held_prefix import HeldRun
 from services.gateway.kv_event_listener import KVEventListener
 from services.gateway.prefix_index import PrefixIndex
 from tests.helpers.engine_process import wait_until
@@ -21,6 +22,6 @@ def test_events_reach_the_index_and_garbage_is_skipped(redis_client):
         redis_client.publish(channel, k25_pb2.KVEvents(engine_id="e1", incarnation="i1", stored=[4, 5]).SerializeToString())
         wait_until(lambda: listener.applied == 1, what="the good event applied")
         assert listener.unreadable == 2
-        assert index.matched_blocks([4, 5]) == {"e1": 2}
+        assert index.matched_blocks([4, 5]) == {"e1": HeldRun(2, 0, 0)}
     finally:
         listener.stop()
