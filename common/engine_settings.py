@@ -18,6 +18,9 @@ BACKENDS = ("k25", "vllm")  # K25's engine (engine/llm_engine.py), vLLM's (engin
 # tokens per KV block with backend vllm: vLLM's CPU attention takes multiples of 32, its CUDA ones
 # take 32 too; a pool's chunk_size must be a multiple of it (engine/vllm_core/settings.py, operators/pool_spec.py)
 VLLM_BLOCK_SIZE = 32
+# with backend vllm over several nodes: the port of torch.distributed's store on the first node, vLLM's
+# default (k25 engine --master-port, operators/leader_worker_set.py)
+VLLM_MASTER_PORT = 29501
 
 
 class SettingError(ValueError):
@@ -97,6 +100,12 @@ SETTINGS = (
         "expert_parallel", "expertParallel", "boolean", False,
         help="with backend vllm, a mixture of experts' experts are spread over the tensor-parallel ranks "
              "(vLLM's expert parallelism) instead of each expert being split across them; K25's engine refuses it",
+    ),
+    EngineSetting(
+        "pipeline_parallel_size", "nodesPerReplica", "integer", 1, minimum=1, metavar="STAGES",
+        help="with backend vllm, pipeline stages of one engine, its layers split among them (vLLM's pipeline "
+             "parallelism); a pool runs one stage a node, so each replica spans this many nodes (a LeaderWorkerSet "
+             "group), each stage over gpusPerReplica GPUs (tensor parallel); K25's engine refuses more than 1",
     ),
     EngineSetting(
         "dtype", "dtype", "string", "auto", choices=DTYPES,

@@ -50,7 +50,8 @@ CONTAINER_SECURITY_CONTEXT = {"allowPrivilegeEscalation": False, "readOnlyRootFi
                               "capabilities": {"drop": ["ALL"]}}
 
 
-def deployment_name(pool_name: str) -> str:
+def workload_name(pool_name: str) -> str:
+    """The pool's Deployment, or its LeaderWorkerSet (operators/leader_worker_set.py)."""
     return f"{pool_name}-engine"
 
 
@@ -152,27 +153,28 @@ def owned_by(deployment: dict, pool_uid: str) -> bool:
     return any(ref.get("uid") == pool_uid for ref in deployment.get("metadata", {}).get("ownerReferences") or [])
 
 
-def build_deployment(pool: dict, spec: EnginePoolSpec, replicas: int, config: OperatorConfig,
-                     operator_env: Mapping[str, str] = os.environ) -> dict:
-    """`operator_env`: the operator's own environment, whose tracing variables the engines get."""
+def engine_pod_template(pool: dict, spec: EnginePoolSpec, config: OperatorConfig, args: list[str], env: list[dict],
+                        serves: bool = True, ports: tuple[dict, ...] = ()) -> dict:
+    """The pod template of an engine pod. `serves`: it is the engine gateways dial (its ZMQ and
+    metrics ports, and the probes on them); else a node of a node group's other than the first,
+    which has neither. `ports`: more ports the container declares."""
     name, release = pool["metadata"]["name"], config.release
-    labels = pod_labels(name, release)
     volumes, mounts = volumes_and_mounts(spec, release)
+    served = [{"name": "zmq", "containerPort": ZMQ_PORT}, {"name": "metrics", "containerPort": METRICS_PORT}]
+    probes = {"startupProbe": STARTUP_PROBE, "livenessProbe": LIVENESS_PROBE, "readinessProbe": READINESS_PROBE}
     container = {
         "name": "engine",
         "image": spec.image,
-        "args": engine_args(spec, name, release),
-        "env": engine_env(config, operator_env),
-        "ports": [{"name": "zmq", "containerPort": ZMQ_PORT}, {"name": "metrics", "containerPort": METRICS_PORT}],
+        "args": args,
+        "env": env,
+        "ports": (served if serves else []) + list(ports),
         "resources": container_resources(spec.resources, spec.gpus_per_replica),
-        "startupProbe": STARTUP_PROBE,
-        "livenessProbe": LIVENESS_PROBE,
-        "readinessProbe": READINESS_PROBE,
+        **(probes if serves else {}),
         "securityContext": CONTAINER_SECURITY_CONTEXT,
         "volumeMounts": mounts,
     }
-    template = {
-        "metadata": {"labels": labels, "annotations": dict(spec.pod_annotations)},
+    return {
+        "metadata": {"labels": pod_labels(name, release), "annotations": dict(spec.pod_annotations)},
         "spec": {
             "nodeSelector": dict(spec.node_selector),
             "tolerations": [dict(t) for t in spec.tolerations],
@@ -185,15 +187,28 @@ def build_deployment(pool: dict, spec: EnginePoolSpec, replicas: int, config: Op
             "volumes": volumes,
         },
     }
+
+
+def workload_metadata(pool: dict, config: OperatorConfig, templates: dict) -> dict:
+    """A workload's metadata: the pods' labels, the hash of the pod templates it runs, the pool as owner."""
+    return {
+        "name": workload_name(pool["metadata"]["name"]),
+        "namespace": pool["metadata"]["namespace"],
+        "labels": pod_labels(pool["metadata"]["name"], config.release),
+        "annotations": {TEMPLATE_HASH: template_hash(templates)},
+        "ownerReferences": [owner_reference(pool)],
+    }
+
+
+def build_deployment(pool: dict, spec: EnginePoolSpec, replicas: int, config: OperatorConfig,
+                     operator_env: Mapping[str, str] = os.environ) -> dict:
+    """`operator_env`: the operator's own environment, whose tracing variables the engines get."""
+    name = pool["metadata"]["name"]
+    template = engine_pod_template(pool, spec, config, engine_args(spec, name, config.release),
+                                   engine_env(config, operator_env))
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {
-            "name": deployment_name(name),
-            "namespace": pool["metadata"]["namespace"],
-            "labels": labels,
-            "annotations": {TEMPLATE_HASH: template_hash(template)},
-            "ownerReferences": [owner_reference(pool)],
-        },
+        "metadata": workload_metadata(pool, config, template),
         "spec": {"replicas": replicas, "selector": {"matchLabels": {POOL_LABEL: name}}, "template": template},
     }

@@ -97,6 +97,11 @@ class EnginePoolSpec:
     def backend(self) -> str:
         return self.engine_settings.get("backend", BY_NAME["backend"].default)
 
+    @property
+    def nodes_per_replica(self) -> int:
+        """Nodes one engine spans: a pipeline stage a node (a LeaderWorkerSet group when above 1)."""
+        return self.engine_settings.get("pipeline_parallel_size", BY_NAME["pipeline_parallel_size"].default)
+
 
 def parse_pool_spec(spec: dict) -> EnginePoolSpec:
     for name in ("nodeType", "model", "chunkSize"):
@@ -157,13 +162,17 @@ def parse_pool_spec(spec: dict) -> EnginePoolSpec:
 
 def backend_refusal(spec: EnginePoolSpec) -> str | None:
     """Why the pool's backend cannot serve its spec, or None. K25's engine runs on one GPU; vLLM's
-    spans gpusPerReplica (tensor parallel) but takes none of the settings only K25's engine has."""
+    spans gpusPerReplica (tensor parallel) on each of nodesPerReplica nodes (pipeline parallel) but
+    takes none of the settings only K25's engine has."""
     if spec.backend == "k25":
         if spec.gpus_per_replica > 1:
             return (f"spec.gpusPerReplica {spec.gpus_per_replica}: K25's engine runs on one GPU; "
                     "set backend: vllm to serve the model over several (tensor parallel)")
         if spec.engine_settings.get("expert_parallel"):
             return "spec.expertParallel: K25's engine serves no mixture of experts; set backend: vllm"
+        if spec.nodes_per_replica > 1:
+            return (f"spec.nodesPerReplica {spec.nodes_per_replica}: K25's engine runs on one node; set backend: vllm "
+                    "to serve the model over several (pipeline parallel)")
         return None
     if spec.engine_settings.get("quant") is not None:
         return "spec.quant is K25's engine's: backend vllm serves the checkpoint's own quantisation; leave quant unset"

@@ -1,9 +1,14 @@
-"""An EnginePool's status, built from what the cluster shows: the Deployment, its pods,
-the observed QPS and the last scaling decision. Conditions say what is true, including
-that pods cannot be scheduled for lack of GPU nodes."""
+"""An EnginePool's status, built from what the cluster shows: its workload (a Deployment, or a
+LeaderWorkerSet for a pool over several nodes), its pods, the observed QPS and the last scaling
+decision. Conditions say what is true, including that pods cannot be scheduled for lack of GPU
+nodes."""
 
 from operators.autoscale_policy import ScalingDecision
-from operators.deployment import POOL_LABEL, deployment_name, pod_selector
+from operators.deployment import POOL_LABEL, pod_selector, workload_name
+
+# a pool over several nodes needs LeaderWorkerSet's CRD and controller in the cluster
+LWS_MISSING = ("a pool over several nodes (nodesPerReplica above 1) needs the LeaderWorkerSet API "
+               "(leaderworkerset.x-k8s.io/v1): install LeaderWorkerSet's controller, or set nodesPerReplica: 1")
 
 
 def unschedulable_message(pods: list[dict]) -> str | None:
@@ -28,16 +33,18 @@ def pool_pods(pool_name: str, pods: list[dict]) -> list[dict]:
             and not p.get("metadata", {}).get("deletionTimestamp")]
 
 
-def build_status(pool_name: str, deployment: dict | None, pods: list[dict], qps: float | None,
+def build_status(pool_name: str, kind: str, workload: dict | None, pods: list[dict], qps: float | None,
                  decision: ScalingDecision | None, previous: list[dict], now_iso: str) -> dict:
+    """`workload`: the pool's, of `kind` (Deployment or LeaderWorkerSet, operators/workload.py)."""
     pods = pool_pods(pool_name, pods)
-    wanted = (deployment or {}).get("spec", {}).get("replicas", 0) or 0
-    seen = (deployment or {}).get("status", {})
+    wanted = (workload or {}).get("spec", {}).get("replicas", 0) or 0
+    seen = (workload or {}).get("status", {})
     ready = seen.get("readyReplicas", 0) or 0
     stuck = unschedulable_message(pods)
 
-    if deployment is None:
-        ready_condition = ("False", "DeploymentMissing", f"Deployment {deployment_name(pool_name)} does not exist yet")
+    if workload is None:
+        missing = f"{kind} {workload_name(pool_name)} does not exist yet"
+        ready_condition = ("False", f"{kind}Missing", missing if kind == "Deployment" else f"{missing}: {LWS_MISSING}")
     elif stuck:
         ready_condition = ("False", "Unschedulable", f"{ready} of {wanted} replicas ready; pods wait for a node: {stuck}")
     elif wanted == 0:
@@ -60,7 +67,7 @@ def build_status(pool_name: str, deployment: dict | None, pods: list[dict], qps:
         "replicas": seen.get("replicas", 0) or 0,
         "readyReplicas": ready,
         "selector": pod_selector(pool_name),
-        "deployment": deployment_name(pool_name),
+        **workload_fields(pool_name, kind),
         "conditions": _conditions(conditions, previous, now_iso),
         "desiredReplicas": None if decision is None else decision.replicas,
         "observedQPS": None if qps is None else round(qps, 2),
@@ -69,17 +76,25 @@ def build_status(pool_name: str, deployment: dict | None, pods: list[dict], qps:
     }
 
 
-def foreign_deployment_status(pool_name: str, previous: list[dict], now_iso: str) -> dict:
-    """A Deployment of the pool's name exists that the pool does not own: the operator leaves it
+def foreign_workload_status(pool_name: str, kind: str, previous: list[dict], now_iso: str) -> dict:
+    """A workload of the pool's name exists that the pool does not own: the operator leaves it
     alone, so the pool has no replicas and does not scale."""
-    message = (f"Deployment {deployment_name(pool_name)} exists and is not owned by this EnginePool; it is left "
+    message = (f"{kind} {workload_name(pool_name)} exists and is not owned by this EnginePool; it is left "
                f"untouched: delete or rename it to let the pool create its own")
-    conditions = {"Ready": ("False", "ForeignDeployment", message),
-                  "Schedulable": ("Unknown", "ForeignDeployment", message),
-                  "ScalingActive": ("False", "ForeignDeployment", message)}
+    conditions = {"Ready": ("False", f"Foreign{kind}", message),
+                  "Schedulable": ("Unknown", f"Foreign{kind}", message),
+                  "ScalingActive": ("False", f"Foreign{kind}", message)}
     return {"replicas": 0, "readyReplicas": 0, "selector": pod_selector(pool_name), "deployment": None,
-            "conditions": _conditions(conditions, previous, now_iso), "desiredReplicas": None, "observedQPS": None,
-            "forecastQPS": None, "forecastHorizonSeconds": None}
+            "leaderWorkerSet": None, "conditions": _conditions(conditions, previous, now_iso), "desiredReplicas": None,
+            "observedQPS": None, "forecastQPS": None, "forecastHorizonSeconds": None}
+
+
+def workload_fields(pool_name: str, kind: str) -> dict:
+    """The name of the pool's workload under its kind; the other kind's null (a merge patch keeps
+    what is not written)."""
+    name = workload_name(pool_name)
+    return {"deployment": name if kind == "Deployment" else None,
+            "leaderWorkerSet": name if kind == "LeaderWorkerSet" else None}
 
 
 def _conditions(current: dict[str, tuple[str, str, str]], previous: list[dict], now_iso: str) -> list[dict]:

@@ -14,6 +14,7 @@ def _default(name: str):
 class EngineConfig:
     backend: str = _default("backend")  # the engine behind the server: k25 or vllm (k25/commands/engine_backend.py)
     expert_parallel: bool = _default("expert_parallel")  # backend vllm only: experts spread over the ranks
+    pipeline_parallel_size: int = _default("pipeline_parallel_size")  # backend vllm only: stages (one a node in a pool)
     chunk_size: int = 256
     max_chunk_per_gpu: int | str | None = None  # None: the node type's default (see engine.hardware.profiles); "auto": engine.hardware.chunk_choice
     expected_chunks_per_request: int = 1  # for max_chunk_per_gpu "auto": KV chunks a request holds (prompt + output)

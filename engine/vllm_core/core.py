@@ -7,27 +7,24 @@ K25's output processor turns each one into the request's delta and decides where
 of sequence, stop ids and strings, max_tokens), so answers end and stream the same on both
 backends; vLLM is told of an end it did not see and frees the KV at once."""
 
-import dataclasses
 import logging
 import os
 import time
 
 from common.tokenizer import load_tokenizer
 from engine.base.config import EngineConfig
-from engine.base.errors import EngineConfigError, EngineError, ErrorCode
+from engine.base.errors import EngineError, ErrorCode
 from engine.core.admission import check_room, validate
 from engine.core.contract import EngineLoad, StepRecord, StepResult
 from engine.core.output_processor import OutputProcessor
 from engine.core.request import EngineRequest, RequestOutput
 from engine.core.sampling_params import SampledToken
 from engine.core.sequence import FinishReason, Sequence
-from engine.kernels.cpu_build import cpu_flags
 from engine.lora.adapter import AdapterRef, LoadedAdapter
 from engine.vllm_core.adapters import VLLMAdapters
+from engine.vllm_core.engine_plan import plan_engine
 from engine.vllm_core.kv_events import EvictionCollector, KVEventTranslator
-from engine.vllm_core.model_folder import vllm_model_folder
-from engine.vllm_core.model_shape import read_shape
-from engine.vllm_core.settings import BLOCK_SIZE, engine_args, plan_kv, sampling_kwargs, vllm_dtype
+from engine.vllm_core.settings import BLOCK_SIZE, NodeGroup, sampling_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -35,33 +32,23 @@ log = logging.getLogger(__name__)
 class VLLMEngineCore:
     """Implements the engine-core contract (engine/core/contract.py) with vLLM."""
 
-    def __init__(self, config: EngineConfig, model: str, tensor_parallel_size: int = 1, eager: bool = False):
-        if config.quant:
-            raise EngineConfigError("--quant is K25's engine's; backend vllm serves the checkpoint's own quantisation")
-        folder = vllm_model_folder(model)
-        shape = read_shape(folder)
-        dtype = vllm_dtype(config.dtype, config.device, cpu_flags())
-        plan = plan_kv(config, shape, dtype)
+    def __init__(self, config: EngineConfig, model: str, tensor_parallel_size: int = 1, eager: bool = False,
+                 group: NodeGroup = NodeGroup()):
+        plan = plan_engine(config, model, tensor_parallel_size, eager, group)
         self.tokenizer = load_tokenizer(model)
-        self.max_chunk_per_gpu = plan.max_chunk_per_gpu
-        self.capacity_tokens = plan.max_chunk_per_gpu * config.chunk_size
-        self.max_model_len = min(shape.max_position_embeddings, self.capacity_tokens)
-        self.vocab_size = shape.vocab_size
-        self.config = dataclasses.replace(config, dtype=dtype, block_size=BLOCK_SIZE, max_chunk_per_gpu=plan.max_chunk_per_gpu)
-        # read by vLLM when it is imported: the engine core runs in this thread, and on a CPU its KV
-        # memory is what holds exactly the planned blocks
+        self.max_chunk_per_gpu = plan.kv.max_chunk_per_gpu
+        self.capacity_tokens = plan.kv.max_chunk_per_gpu * config.chunk_size
+        self.max_model_len = plan.max_model_len
+        self.vocab_size = plan.vocab_size
+        self.config = plan.config
+        # read by vLLM when it is imported: the engine core runs in this thread
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        if not config.device.startswith("cuda"):
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(plan.cpu_kv_gib)
-        from vllm.config import KVEventsConfig, StructuredOutputsConfig
-        from vllm.engine.arg_utils import EngineArgs
+        os.environ.update(plan.env)
         from vllm.v1.engine.llm_engine import LLMEngine
 
-        kwargs = engine_args(self.config, folder, dtype, plan, self.max_model_len, tensor_parallel_size, eager)
-        kwargs.update(structured_outputs_config=StructuredOutputsConfig(**kwargs["structured_outputs_config"]),
-                      kv_events_config=KVEventsConfig(**kwargs["kv_events_config"]))
-        log.info("vLLM engine: %s, %s, %d KV blocks of %d tokens", folder, dtype, plan.blocks - 1, BLOCK_SIZE)
-        self._llm = LLMEngine.from_engine_args(EngineArgs(**kwargs))
+        log.info("vLLM engine: %s, %s, %d KV blocks of %d tokens", plan.folder, plan.config.dtype, plan.kv.blocks - 1,
+                 BLOCK_SIZE)
+        self._llm = LLMEngine.from_engine_args(plan.vllm_engine_args())
         # the scheduler of the engine core this process runs: its queue lengths and KV use are the load,
         # its requests' block hashes and its KV events what the prefix-cache announcements translate
         self._scheduler = self._llm.engine_core.engine_core.scheduler

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 
 from common.engine_settings import VLLM_BLOCK_SIZE as BLOCK_SIZE  # tokens per KV block
+from common.engine_settings import VLLM_MASTER_PORT as MASTER_PORT
 from engine.base.config import EngineConfig
 from engine.base.errors import EngineConfigError
 from engine.core.sampling_params import SamplingParams
@@ -17,6 +18,23 @@ from engine.vllm_core.model_shape import ModelShape
 
 NULL_BLOCKS = 1  # vLLM keeps block 0 empty (the null block) besides the ones requests use
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """Where this process stands in one engine spread over several nodes, one process a node, by
+    vLLM's multiprocessing executor (no Ray): rank 0 is the engine K25's wire and heartbeat reach,
+    the other ranks run vLLM's headless workers; all meet at master_addr:master_port, rank 0's."""
+    nodes: int = 1
+    rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = MASTER_PORT
+
+    def engine_kwargs(self) -> dict:
+        if self.nodes == 1:
+            return {}
+        return dict(nnodes=self.nodes, node_rank=self.rank, master_addr=self.master_addr,
+                    master_port=self.master_port, distributed_executor_backend="mp")
 
 
 @dataclass(frozen=True)
@@ -78,21 +96,24 @@ def plan_kv(config: EngineConfig, model: ModelShape, dtype: str) -> KVPlan:
 
 
 def engine_args(config: EngineConfig, folder: str, dtype: str, plan: KVPlan, max_model_len: int,
-                tensor_parallel_size: int = 1, eager: bool = False) -> dict:
+                tensor_parallel_size: int = 1, eager: bool = False, group: NodeGroup = NodeGroup()) -> dict:
     """vLLM's EngineArgs, as keywords. Token ids come in and go out (the gateway tokenises, K25's
     output processor detokenises; vLLM's tokenizer serves its structured outputs only); the
-    step's token budget, running sequences and prefix caching are K25's settings."""
+    step's token budget, running sequences and prefix caching are K25's settings. Every rank of a
+    node group builds the same ones but for its rank."""
     args = dict(
         model=folder, dtype=dtype, max_model_len=max_model_len, block_size=BLOCK_SIZE,
         num_gpu_blocks_override=plan.blocks, max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=max(config.max_num_batched_tokens, BLOCK_SIZE), enable_prefix_caching=config.prefix_caching,
         enable_chunked_prefill=True, tensor_parallel_size=tensor_parallel_size,
+        pipeline_parallel_size=config.pipeline_parallel_size,
         enable_expert_parallel=config.expert_parallel, enforce_eager=eager,
         gpu_memory_utilization=config.gpu_memory_utilization, generation_config="vllm", disable_log_stats=True,
         structured_outputs_config={"backend": "guidance"},
         # evictions as events, which engine/vllm_core/kv_events.py collects in place of a publisher
         kv_events_config={"enable_kv_cache_events": config.prefix_caching, "publisher": "null"},
     )
+    args.update(group.engine_kwargs())
     if config.max_loras:
         args.update(enable_lora=True, max_loras=config.max_loras, max_cpu_loras=max(config.max_cpu_loras, config.max_loras),
                     max_lora_rank=config.max_lora_rank)

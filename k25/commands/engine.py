@@ -8,9 +8,10 @@ import sys
 import threading
 import uuid
 
+from common.engine_settings import VLLM_MASTER_PORT as MASTER_PORT
 from common.zmq_router import DEFAULT_MAX_FRAME_BYTES
 from engine.serve.health import HealthSettings
-from k25.commands.engine_backend import start_backend
+from k25.commands.engine_backend import serve_vllm_workers, start_backend
 from k25.commands.engine_settings import add_engine_settings, max_chunk_per_gpu_flag
 from k25.commands.redis_flags import add_redis_flags
 
@@ -58,6 +59,17 @@ def register(subparsers) -> None:
     p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="GPUS",
                    help="GPUs one engine spans (an EnginePool's gpusPerReplica); more than 1 needs --backend vllm "
                    "(default 1)")
+    nodes = p.add_argument_group("one engine over several nodes (--backend vllm; a LeaderWorkerSet group in a pool)")
+    nodes.add_argument("--nnodes", type=int, default=1, metavar="NODES",
+                       help="nodes one engine spans, one process a node (vLLM's multiprocessing executor, no Ray): its "
+                       "--pipeline-parallel-size x --tensor-parallel-size ranks are split evenly among them (default 1)")
+    nodes.add_argument("--node-rank", type=int, default=0, metavar="RANK",
+                       help="this node's place among them: 0 serves the engine (ZMQ, heartbeat, metrics); any other "
+                       "runs only vLLM's headless workers for this node's share of the ranks (default 0)")
+    nodes.add_argument("--master-addr", default="127.0.0.1", metavar="HOST",
+                       help="node 0's address, where the nodes meet (torch.distributed's store) (default 127.0.0.1)")
+    nodes.add_argument("--master-port", type=int, default=MASTER_PORT, metavar="PORT",
+                       help=f"node 0's port for them (default {MASTER_PORT})")
     p.add_argument("--enforce-eager", action="store_true",
                    help="with --backend vllm: run the model eagerly, without torch.compile or CUDA graphs (starts in "
                    "seconds instead of minutes, serves slower)")
@@ -130,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
         if checksums:
             log.info("checking the sha256 of %d model files", len(checksums))
             verify_model_files(args.model, checksums)
+        if args.node_rank > 0:  # another node of node 0's engine: vLLM's workers, no wire, no registry
+            return serve_vllm_workers(args)
         engine = start_backend(args)
         config = engine.config
     except (ModelLoadError, EngineConfigError) as exc:
@@ -248,6 +262,16 @@ def invalid_flags(args: argparse.Namespace) -> str:
                 "--backend vllm serves a model over several")
     if args.backend == "k25" and args.expert_parallel:
         return "--expert-parallel: K25's engine serves no mixture of experts; --backend vllm does"
+    if args.backend == "k25" and (args.pipeline_parallel_size > 1 or args.nnodes > 1):
+        flag = f"--pipeline-parallel-size {args.pipeline_parallel_size}" if args.pipeline_parallel_size > 1 \
+            else f"--nnodes {args.nnodes}"
+        return f"{flag}: K25's engine runs on one GPU; --backend vllm serves a model over several nodes"
+    ranks = args.tensor_parallel_size * args.pipeline_parallel_size
+    if args.nnodes < 1 or ranks % args.nnodes:
+        return (f"--nnodes {args.nnodes} must divide the engine's {ranks} ranks (--pipeline-parallel-size x "
+                "--tensor-parallel-size) evenly")
+    if not 0 <= args.node_rank < args.nnodes:
+        return f"--node-rank must be from 0 to {args.nnodes - 1} (--nnodes {args.nnodes}), got {args.node_rank}"
     if args.backend == "vllm" and args.inject_step_failures_while:
         return "--inject-step-failures-while fails K25's engine's forward pass; not with --backend vllm"
     if args.expected_chunks_per_request < 1:

@@ -50,23 +50,42 @@ def start_backend(args: argparse.Namespace):
 
 
 def _start_vllm(args: argparse.Namespace):
+    from engine.vllm_core.core import VLLMEngineCore
+
+    config, group = _vllm_config(args)
+    return VLLMEngineCore(config, args.model, args.tensor_parallel_size, args.enforce_eager, group)
+
+
+def serve_vllm_workers(args: argparse.Namespace) -> int:
+    """`k25 engine --backend vllm --node-rank R` (R > 0): vLLM's headless workers for this node,
+    with the engine arguments node 0's engine builds from the same flags. Returns the exit status."""
+    from engine.vllm_core.engine_plan import plan_engine
+    from engine.vllm_core.headless import serve_headless
+
+    config, group = _vllm_config(args)
+    return serve_headless(plan_engine(config, args.model, args.tensor_parallel_size, args.enforce_eager, group))
+
+
+def _vllm_config(args: argparse.Namespace):
+    """The EngineConfig and node group of `k25 engine --backend vllm`; on a CPU, this process's
+    threads split among its ranks."""
     import sys
 
     if importlib.util.find_spec("vllm") is None:
         raise EngineConfigError(VLLM_MISSING.format(python=sys.executable))
     from common.engine_settings import SETTINGS
     from engine.base.config import EngineConfig
-    from engine.vllm_core.core import VLLMEngineCore
-    from engine.vllm_core.settings import omp_threads_bind
+    from engine.vllm_core.settings import NodeGroup, omp_threads_bind
     from k25.commands.engine_settings import set_cpu_threads
 
     threads = set_cpu_threads(args.cpu_threads)
+    group = NodeGroup(args.nnodes, args.node_rank, args.master_addr, args.master_port)
+    local_ranks = args.tensor_parallel_size * args.pipeline_parallel_size // args.nnodes
     if not args.device.startswith("cuda"):
         cpus = os.sched_getaffinity(0)
-        if len(cpus) < args.tensor_parallel_size:
-            raise EngineConfigError(f"--tensor-parallel-size {args.tensor_parallel_size} on a CPU needs a CPU per rank; "
-                                    f"this process may use {len(cpus)}")
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", omp_threads_bind(cpus, threads, args.tensor_parallel_size))
+        if len(cpus) < local_ranks:
+            raise EngineConfigError(f"{local_ranks} ranks on this node's CPU need a CPU each (--tensor-parallel-size "
+                                    f"x --pipeline-parallel-size / --nnodes); this process may use {len(cpus)}")
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", omp_threads_bind(cpus, threads, local_ranks))
     settings = {setting.name: getattr(args, setting.name) for setting in SETTINGS}
-    config = EngineConfig(device=args.device, **settings, **engine_config_fields(args))
-    return VLLMEngineCore(config, args.model, args.tensor_parallel_size, args.enforce_eager)
+    return EngineConfig(device=args.device, **settings, **engine_config_fields(args)), group

@@ -13,6 +13,7 @@ from tests.helpers.helm_chart import (
     RELEASE,
     VALUE_SETS,
     engine_deployments,
+    engine_workloads,
     named,
     of_kind,
     rendered,
@@ -61,7 +62,7 @@ def test_the_checker_finds_each_kind_of_violation(pod, complaint):
 @value_sets
 def test_every_pod_passes_the_restricted_standard(values):
     objects = rendered(values)
-    pods = pod_specs([*objects, *engine_deployments(objects)])
+    pods = pod_specs([*objects, *engine_workloads(objects)])
     assert len(pods) >= 5  # gateway, chunker, operator, Redis or not, and at least one pool
     assert {name: restricted_violations(spec) for name, spec in pods} == {name: [] for name, _ in pods}
 
@@ -70,7 +71,7 @@ def test_every_pod_passes_the_restricted_standard(values):
 def test_only_the_operator_gets_a_service_account_token(values):
     objects = rendered(values)
     tokens = {name: spec.get("automountServiceAccountToken", True)
-              for name, spec in pod_specs([*objects, *engine_deployments(objects)])}
+              for name, spec in pod_specs([*objects, *engine_workloads(objects)])}
     assert {name for name, mounted in tokens.items() if mounted} == {"Deployment/k25-operator"}
     operator = named(objects, "Deployment", "k25-operator")["spec"]["template"]["spec"]
     assert operator["serviceAccountName"] == "k25-operator"
@@ -79,7 +80,7 @@ def test_only_the_operator_gets_a_service_account_token(values):
 @value_sets
 def test_every_writable_path_is_an_explicit_volume(values):
     objects = rendered(values)
-    for name, spec in pod_specs([*objects, *engine_deployments(objects)]):
+    for name, spec in pod_specs([*objects, *engine_workloads(objects)]):
         volumes = {v["name"]: v for v in spec.get("volumes", [])}
         claims = {t["metadata"]["name"] for o in objects if o["kind"] == "StatefulSet"
                   for t in o["spec"].get("volumeClaimTemplates", [])}

@@ -14,8 +14,8 @@ import yaml
 
 from k25.cli import build_parser
 from operators.config import OperatorConfig
-from operators.deployment import build_deployment
 from operators.pool_spec import parse_pool_spec
+from operators.workload import build_workload
 from tests.helpers.paths import REPO
 
 ROOT = REPO
@@ -106,15 +106,21 @@ def chart_operator_config(objects) -> OperatorConfig:
                           curve_secret=parsed.curve_secret)
 
 
-def engine_deployments(objects) -> list[dict]:
-    """What the operator, run with the chart's command line and environment, would create for each rendered EnginePool."""
-    deployments = []
+def engine_workloads(objects) -> list[dict]:
+    """What the operator, run with the chart's command line and environment, would create for each
+    rendered EnginePool: a Deployment, or a LeaderWorkerSet for a pool over several nodes."""
+    workloads = []
     config = chart_operator_config(objects)
     for pool in of_kind(objects, "EnginePool"):
         pool = {**pool, "metadata": {**pool["metadata"], "namespace": "serving", "uid": "uid-" + pool["metadata"]["name"]}}
         spec = parse_pool_spec(pool["spec"])
-        deployments.append(build_deployment(pool, spec, spec.initial_replicas(), config, operator_env(objects)))
-    return deployments
+        workloads.append(build_workload(pool, spec, spec.initial_replicas(), config, operator_env(objects)))
+    return workloads
+
+
+def engine_deployments(objects) -> list[dict]:
+    """The engine Deployments among engine_workloads: the pools on one node each."""
+    return [w for w in engine_workloads(objects) if w["kind"] == "Deployment"]
 
 
 def process_containers(objects, deployments: tuple[str, ...]) -> dict[str, dict]:

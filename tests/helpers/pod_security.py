@@ -86,4 +86,8 @@ def pod_specs(objects) -> list[tuple[str, dict]]:
             specs.append((f"{obj['kind']}/{obj['metadata']['name']}", obj["spec"]["template"]["spec"]))
         elif obj["kind"] == "Pod":
             specs.append((f"Pod/{obj['metadata']['name']}", obj["spec"]))
+        elif obj["kind"] == "LeaderWorkerSet":
+            group = obj["spec"]["leaderWorkerTemplate"]
+            specs += [(f"LeaderWorkerSet/{obj['metadata']['name']}/{role}", group[f"{role}Template"]["spec"])
+                      for role in ("leader", "worker")]
     return specs

@@ -3,7 +3,7 @@ from k25.commands.engine import invalid_flags
 from operators.config import OperatorConfig
 from operators.deployment import (
     build_deployment,
-    deployment_name,
+    workload_name,
     engine_args,
     models_claim_name,
     owned_by,
@@ -42,7 +42,7 @@ def mounts_and_claims(pod: dict) -> dict[str, str]:
 
 def test_the_deployment_is_named_and_labelled_for_its_pool():
     deployment = manifest()
-    assert deployment["metadata"]["name"] == deployment_name("long") == "long-engine"
+    assert deployment["metadata"]["name"] == workload_name("long") == "long-engine"
     assert deployment["metadata"]["namespace"] == "serving"
     assert deployment["spec"]["replicas"] == 3
     assert deployment["spec"]["selector"] == {"matchLabels": {"k25.io/pool": "long"}}

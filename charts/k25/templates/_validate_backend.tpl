@@ -1,6 +1,6 @@
 {{/* What one pool's engine backend serves, as the CRD and the operator check it
-(operators/pool_spec.py, backend_refusal): K25's engine runs on one GPU; vLLM's takes none of
-the settings only K25's engine has. (dict "where" "engine.pools[0] (h100)" "pool" $pool
+(operators/pool_spec.py, backend_refusal): K25's engine runs on one GPU of one node; vLLM's
+takes none of the settings only K25's engine has. (dict "where" "engine.pools[0] (h100)" "pool" $pool
 "compute" (its engine settings) "lora" (its merged lora)) */}}
 {{- define "k25.validateBackend" -}}
 {{- $gpus := int (include "k25.poolGpus" .pool) -}}
@@ -10,6 +10,9 @@ the settings only K25's engine has. (dict "where" "engine.pools[0] (h100)" "pool
 {{- end -}}
 {{- if .compute.expertParallel -}}
 {{- fail (printf "%s: expertParallel: K25's engine serves no mixture of experts; set backend: vllm" .where) -}}
+{{- end -}}
+{{- if gt (int (.compute.nodesPerReplica | default 1)) 1 -}}
+{{- fail (printf "%s: nodesPerReplica %d: K25's engine runs on one node; set backend: vllm to serve the model over several" .where (int .compute.nodesPerReplica)) -}}
 {{- end -}}
 {{- else -}}
 {{- if .compute.quant -}}
