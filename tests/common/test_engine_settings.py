@@ -91,7 +91,7 @@ def test_k25_engine_has_each_flag_with_the_tables_default_and_the_config_its_fie
 @pytest.mark.parametrize("setting", [s for s in SETTINGS if SAMPLES[s.kind]], ids=lambda s: s.name)
 def test_a_pools_value_reaches_the_engine_as_set(setting):
     """pool spec -> the operator's engine arguments -> `k25 engine`'s parser: the same value."""
-    backend = {"expert_parallel": "vllm"}.get(setting.name, "k25")  # a setting only vLLM's engine takes
+    backend = {"expert_parallel": "vllm", "pipeline_parallel_size": "vllm"}.get(setting.name, "k25")  # only vLLM's
     for value in SAMPLES[setting.kind]:
         spec = parse_pool_spec({**MINIMAL_POOL, "backend": backend, setting.field: value})
         args = pool_engine_args(spec, "pool", "k25")

@@ -26,6 +26,7 @@ NS = "serving"
 RELEASE = "test"  # the `operator` fixture's release: the label its resources need
 POOLS = "k25.io/v1alpha1/enginepools"
 DEPLOYMENTS = "apps/v1/deployments"
+LEADER_WORKER_SETS = "leaderworkerset.x-k8s.io/v1/leaderworkersets"
 ROLLOUTS = "k25.io/v1alpha1/adapterrollouts"
 CLUSTER_PEERINGS = "kopf.dev/v1/clusterkopfpeerings"
 PEERINGS = "kopf.dev/v1/kopfpeerings"
@@ -40,6 +41,7 @@ def cluster(kmock):
     kmock.resources[POOLS] = info(kind="EnginePool", namespaced=True, subresources={"status", "scale"},
                                   verbs={"list", "watch", "get", "patch", "create", "delete"})
     kmock.resources[DEPLOYMENTS] = info(kind="Deployment", namespaced=True, subresources={"status", "scale"})
+    kmock.resources[LEADER_WORKER_SETS] = info(kind="LeaderWorkerSet", namespaced=True, subresources={"status", "scale"})
     kmock.resources[ROLLOUTS] = info(kind="AdapterRollout", namespaced=True, subresources={"status"},
                                      verbs={"list", "watch", "get", "patch", "create", "delete"})
     kmock.resources["v1/pods"] = info(kind="Pod", namespaced=True)
@@ -52,31 +54,31 @@ def cluster(kmock):
 
 
 class RecordingKube(KubeApi):
-    """Counts the operator's reads of Deployments and records its writes."""
+    """Counts the operator's reads of workloads and records its writes: (verb, kind, name)."""
 
     def __init__(self, configuration):
         super().__init__(configuration)
         self.reads, self.writes = 0, []
 
-    def get_deployment(self, namespace, name):
+    def get_workload(self, kind, namespace, name):
         self.reads += 1
-        return super().get_deployment(namespace, name)
+        return super().get_workload(kind, namespace, name)
 
-    def create_deployment(self, namespace, body):
-        self.writes.append(("create", body["metadata"]["name"]))
-        return super().create_deployment(namespace, body)
+    def create_workload(self, kind, namespace, body):
+        self.writes.append(("create", kind.kind, body["metadata"]["name"]))
+        return super().create_workload(kind, namespace, body)
 
-    def patch_deployment(self, namespace, name, patch):
-        self.writes.append(("patch", name))
-        return super().patch_deployment(namespace, name, patch)
+    def patch_workload(self, kind, namespace, name, patch):
+        self.writes.append(("patch", kind.kind, name))
+        return super().patch_workload(kind, namespace, name, patch)
 
-    def scale_deployment(self, namespace, name, replicas):
-        self.writes.append(("scale", name))
-        return super().scale_deployment(namespace, name, replicas)
+    def scale_workload(self, kind, namespace, name, replicas):
+        self.writes.append(("scale", kind.kind, name))
+        return super().scale_workload(kind, namespace, name, replicas)
 
-    def delete_deployment(self, namespace, name):
-        self.writes.append(("delete", name))
-        return super().delete_deployment(namespace, name)
+    def delete_workload(self, kind, namespace, name):
+        self.writes.append(("delete", kind.kind, name))
+        return super().delete_workload(kind, namespace, name)
 
 
 @contextlib.asynccontextmanager

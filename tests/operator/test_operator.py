@@ -370,7 +370,7 @@ async def test_a_new_engine_template_waits_while_another_pool_of_the_release_rol
 
     def told_to_wait() -> bool:
         progress = (stored(cluster, POOLS, "b")["metadata"].get("annotations") or {})
-        return any("reconcile_deployment" in key and "waiting for Deployment a-engine" in value
+        return any("reconcile_workload" in key and "waiting for a-engine to finish rolling out" in value
                    for key, value in progress.items())
 
     await wait_for(told_to_wait, "b's handler is told to wait for a")

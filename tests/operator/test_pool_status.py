@@ -91,4 +91,4 @@ def test_a_foreign_deployment_leaves_the_pool_without_replicas_and_says_whose_na
     assert (status["replicas"], status["readyReplicas"]) == (0, 0)
     # what `kubectl get enginepools` showed before is cleared
     assert [key for key, value in status.items() if value is None] == [
-        "deployment", "desiredReplicas", "observedQPS", "forecastQPS", "forecastHorizonSeconds"]
+        "deployment", "leaderWorkerSet", "desiredReplicas", "observedQPS", "forecastQPS", "forecastHorizonSeconds"]
