@@ -125,6 +125,13 @@ def test_the_operator_runs_the_vllm_image_the_chart_names_and_no_other(tmp_path)
     (pools_yaml("{name: h, nodeType: H100-80G, chunkSize: 8192, backend: vllm, lora: {maxLoras: 2, kernel: triton}}"),
      "engine.pools[0] (h): lora.kernel triton is K25's engine's: with backend vllm use torch"),
     ("vllmEngineImage: {repository: 'k25 engine'}\n", "/vllmEngineImage/repository': 'k25 engine' does not match"),
+    (pools_yaml("{name: h, nodeType: H100-80G, chunkSize: 8192, nodesPerReplica: 2}"),
+     "engine.pools[0] (h): nodesPerReplica 2: K25's engine runs on one node; set backend: vllm"),
+    # engine's nodesPerReplica reaches every pool without its own
+    (pools_yaml("{name: h, nodeType: H100-80G, chunkSize: 8192}", engine="  nodesPerReplica: 2\n"),
+     "engine.pools[0] (h): nodesPerReplica 2: K25's engine runs on one node"),
+    (pools_yaml("{name: h, nodeType: H100-80G, chunkSize: 8192, backend: vllm, nodesPerReplica: 0}"),
+     "/engine/pools/0/nodesPerReplica'"),
 ])
 def test_the_chart_refuses_what_the_crd_and_the_operator_refuse(values, message, tmp_path):
     assert message in render_error(values, tmp_path)

@@ -175,3 +175,20 @@ def test_observability_values_let_their_own_prometheus_scrape():
     policies = of_kind(objects, "NetworkPolicy")
     assert admits(policies, NAMESPACE, prometheus, engine, 9100)
     assert not admits(policies, NAMESPACE, prometheus, engine, 5555)
+
+
+def test_the_pods_of_an_engine_over_two_nodes_reach_each_other_and_no_one_else_does():
+    """torch.distributed's store (the master port), vLLM's message queues and NCCL take ports chosen
+    at start: a group's pods admit each other on any port; the gateway reaches the leader's ZMQ
+    port only; an engine on one node reaches neither."""
+    objects = rendered(next(v for v in CI_VALUES if value_set_id(v) == "multi-node"))
+    policies = of_kind(objects, "NetworkPolicy")
+    workloads = {w["kind"]: w for w in engine_workloads(objects)}
+    group = workloads["LeaderWorkerSet"]["spec"]["leaderWorkerTemplate"]
+    leader, worker = (Pod(role, NAMESPACE, group[f"{role}Template"]["metadata"]["labels"]) for role in ("leader", "worker"))
+    single = Pod("one-node engine", NAMESPACE, workloads["Deployment"]["spec"]["template"]["metadata"]["labels"])
+    gateway = component_pod("gateway")
+    for port in (29501, 5555, 41234):
+        assert admits(policies, NAMESPACE, worker, leader, port) and admits(policies, NAMESPACE, leader, worker, port)
+        assert not admits(policies, NAMESPACE, single, leader, port) and not admits(policies, NAMESPACE, single, worker, port)
+    assert admits(policies, NAMESPACE, gateway, leader, 5555) and not admits(policies, NAMESPACE, gateway, leader, 29501)

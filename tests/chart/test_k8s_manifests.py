@@ -11,6 +11,7 @@ import yaml
 from k25.cli import build_parser
 from operators.config import RELEASE_LABEL
 from operators.pool_spec import MAX_CHUNK_PER_GPU, parse_pool_spec
+from operators.workload import DEPLOYMENT, LEADER_WORKER_SET
 from tests.helpers.crd_schema import custom_resource_errors, with_defaults
 from tests.helpers.paths import CRDS, K8S
 
@@ -208,6 +209,9 @@ def test_rbac_grants_what_the_operator_calls_and_nothing_broad():
             ("apps", "deployments", "get"), ("apps", "deployments", "list"), ("apps", "deployments", "patch"),
             ("apps", "deployments", "delete"),
             ("apps", "deployments/scale", "patch"), ("", "pods", "list"), ("kopf.dev", "clusterkopfpeerings", "patch")}
+    # the same calls on a pool's other kind of workload (operators/kube.py takes either)
+    used |= {(LEADER_WORKER_SET.group, resource.replace("deployments", LEADER_WORKER_SET.plural), verb)
+             for group, resource, verb in used if group == DEPLOYMENT.group}
     assert used <= granted
     assert not any("*" in (rule["verbs"] + rule["resources"] + rule["apiGroups"]) for rule in rules)
     assert not any(resource == "secrets" for _, resource, _ in granted)

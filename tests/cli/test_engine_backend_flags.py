@@ -16,13 +16,23 @@ from tests.helpers.paths import VLLM_PYTHON
     (["--backend", "k25", "--expert-parallel"], "--expert-parallel: K25's engine serves no mixture of experts"),
     (["--backend", "vllm", "--inject-step-failures-while", "/tmp/x"], "fails K25's engine's forward pass"),
     (["--backend", "vllm", "--tensor-parallel-size", "0"], "--tensor-parallel-size must be at least 1"),
+    (["--pipeline-parallel-size", "2"], "--pipeline-parallel-size 2: K25's engine runs on one GPU; --backend vllm serves"),
+    (["--nnodes", "2"], "--nnodes 2: K25's engine runs on one GPU; --backend vllm serves a model over several nodes"),
+    (["--backend", "vllm", "--tensor-parallel-size", "2", "--nnodes", "4"],
+     "--nnodes 4 must divide the engine's 2 ranks (--pipeline-parallel-size x --tensor-parallel-size) evenly"),
+    (["--backend", "vllm", "--pipeline-parallel-size", "2", "--nnodes", "2", "--node-rank", "2"],
+     "--node-rank must be from 0 to 1 (--nnodes 2), got 2"),
+    (["--backend", "vllm", "--node-rank", "-1"], "--node-rank must be from 0 to 0"),
 ])
 def test_each_backend_refuses_what_it_cannot_do(flags, message):
     assert message in invalid_flags(build_parser().parse_args(["engine", *flags]))
 
 
 @pytest.mark.parametrize("flags", [["--backend", "vllm", "--tensor-parallel-size", "4", "--expert-parallel"],
-                                   ["--backend", "vllm", "--inject-fault", "a@v1"], []])
+                                   ["--backend", "vllm", "--inject-fault", "a@v1"], [],
+                                   ["--backend", "vllm", "--tensor-parallel-size", "4", "--pipeline-parallel-size", "2",
+                                    "--nnodes", "2", "--node-rank", "1", "--master-addr", "big-engine-0.big-engine.s"],
+                                   ["--backend", "vllm", "--pipeline-parallel-size", "2"]])  # two stages on one node
 def test_what_each_backend_takes(flags):
     assert invalid_flags(build_parser().parse_args(["engine", *flags])) == ""
 

@@ -118,6 +118,14 @@ def engine_workloads(objects) -> list[dict]:
     return workloads
 
 
+def pod_templates(workload: dict) -> list[dict]:
+    """A Deployment's pod template, or a LeaderWorkerSet's leader's and workers'."""
+    if workload["kind"] == "LeaderWorkerSet":
+        group = workload["spec"]["leaderWorkerTemplate"]
+        return [group["leaderTemplate"], group["workerTemplate"]]
+    return [workload["spec"]["template"]]
+
+
 def engine_deployments(objects) -> list[dict]:
     """The engine Deployments among engine_workloads: the pools on one node each."""
     return [w for w in engine_workloads(objects) if w["kind"] == "Deployment"]

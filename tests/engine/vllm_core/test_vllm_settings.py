@@ -10,6 +10,7 @@ from engine.vllm_core.model_shape import ModelShape, shape_from_config
 from engine.vllm_core.settings import (
     BLOCK_SIZE,
     NULL_BLOCKS,
+    NodeGroup,
     engine_args,
     kv_bytes_per_token,
     omp_threads_bind,
@@ -123,3 +124,33 @@ def test_the_shape_of_a_folder_matches_transformers(tmp_path, tiny_model):
     config = reference.config
     assert (shape.num_layers, shape.num_kv_heads, shape.head_dim) == (
         config.num_hidden_layers, config.num_key_value_heads, config.hidden_size // config.num_attention_heads)
+
+
+def test_a_node_group_reaches_vllm_as_its_multi_node_settings_and_a_lone_node_adds_none():
+    config = EngineConfig(chunk_size=64, max_chunk_per_gpu=4, pipeline_parallel_size=2)
+    plan = plan_kv(config, TINY_CONFIG, "float32")
+    alone = engine_args(config, "/m", "float32", plan, 256, tensor_parallel_size=4)
+    assert (alone["pipeline_parallel_size"], alone["tensor_parallel_size"]) == (2, 4)
+    assert not {"nnodes", "node_rank", "master_addr", "master_port", "distributed_executor_backend"} & set(alone)
+    second = engine_args(config, "/m", "float32", plan, 256, 4, group=NodeGroup(2, 1, "big-engine-0.big-engine.s"))
+    assert {k: v for k, v in second.items() if alone.get(k) != v} == {
+        "nnodes": 2, "node_rank": 1, "master_addr": "big-engine-0.big-engine.s", "master_port": 29501,
+        "distributed_executor_backend": "mp"}  # vLLM's multiprocessing executor across nodes: no Ray
+
+
+def test_a_node_waits_for_the_first_to_go_before_it_stops(tmp_path):
+    """After SIGTERM a headless node serves on while node 0 drains, until its master port closes."""
+    import socket
+    import threading
+
+    from engine.vllm_core.headless import answers, outlive_leader
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    stopped = threading.Event()
+    waiting = threading.Thread(target=outlive_leader, args=("127.0.0.1", port, stopped.set, 0.05))
+    waiting.start()
+    assert answers("127.0.0.1", port, 1.0) and not stopped.wait(0.3)  # node 0 still there: serving on
+    listener.close()
+    waiting.join(timeout=30)
+    assert stopped.is_set() and not answers("127.0.0.1", port, 1.0)
