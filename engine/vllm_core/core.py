@@ -24,7 +24,7 @@ from engine.lora.adapter import AdapterRef, LoadedAdapter
 from engine.vllm_core.adapters import VLLMAdapters
 from engine.vllm_core.engine_plan import plan_engine
 from engine.vllm_core.kv_events import EvictionCollector, KVEventTranslator
-from engine.vllm_core.settings import BLOCK_SIZE, NodeGroup, sampling_kwargs
+from engine.vllm_core.settings import BLOCK_SIZE, ONE_NODE, NodeGroup, sampling_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class VLLMEngineCore:
     """Implements the engine-core contract (engine/core/contract.py) with vLLM."""
 
     def __init__(self, config: EngineConfig, model: str, tensor_parallel_size: int = 1, eager: bool = False,
-                 group: NodeGroup = NodeGroup()):
+                 group: NodeGroup = ONE_NODE):
         plan = plan_engine(config, model, tensor_parallel_size, eager, group)
         self.tokenizer = load_tokenizer(model)
         self.max_chunk_per_gpu = plan.kv.max_chunk_per_gpu

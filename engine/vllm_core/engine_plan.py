@@ -11,7 +11,7 @@ from engine.base.errors import EngineConfigError
 from engine.kernels.cpu_build import cpu_flags
 from engine.vllm_core.model_folder import vllm_model_folder
 from engine.vllm_core.model_shape import read_shape
-from engine.vllm_core.settings import BLOCK_SIZE, KVPlan, NodeGroup, engine_args, plan_kv, vllm_dtype
+from engine.vllm_core.settings import BLOCK_SIZE, ONE_NODE, KVPlan, NodeGroup, engine_args, plan_kv, vllm_dtype
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class EnginePlan:
 
 
 def plan_engine(config: EngineConfig, model: str, tensor_parallel_size: int = 1, eager: bool = False,
-                group: NodeGroup = NodeGroup()) -> EnginePlan:
+                group: NodeGroup = ONE_NODE) -> EnginePlan:
     """Raises EngineConfigError (or ModelLoadError) with a message for the user."""
     if config.quant:
         raise EngineConfigError("--quant is K25's engine's; backend vllm serves the checkpoint's own quantisation")

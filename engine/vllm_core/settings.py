@@ -33,8 +33,11 @@ class NodeGroup:
     def engine_kwargs(self) -> dict:
         if self.nodes == 1:
             return {}
-        return dict(nnodes=self.nodes, node_rank=self.rank, master_addr=self.master_addr,
-                    master_port=self.master_port, distributed_executor_backend="mp")
+        return {"nnodes": self.nodes, "node_rank": self.rank, "master_addr": self.master_addr,
+                "master_port": self.master_port, "distributed_executor_backend": "mp"}
+
+
+ONE_NODE = NodeGroup()
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,7 @@ def plan_kv(config: EngineConfig, model: ModelShape, dtype: str) -> KVPlan:
 
 
 def engine_args(config: EngineConfig, folder: str, dtype: str, plan: KVPlan, max_model_len: int,
-                tensor_parallel_size: int = 1, eager: bool = False, group: NodeGroup = NodeGroup()) -> dict:
+                tensor_parallel_size: int = 1, eager: bool = False, group: NodeGroup = ONE_NODE) -> dict:
     """vLLM's EngineArgs, as keywords. Token ids come in and go out (the gateway tokenises, K25's
     output processor detokenises; vLLM's tokenizer serves its structured outputs only); the
     step's token budget, running sequences and prefix caching are K25's settings. Every rank of a

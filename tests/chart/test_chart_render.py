@@ -10,7 +10,6 @@ import pytest
 import yaml
 
 from k25.cli import build_parser
-
 from tests.helpers.crd_schema import as_json_schema, crd_for, custom_resource_errors
 from tests.helpers.helm_chart import (
     CHART,

@@ -3,12 +3,12 @@ from k25.commands.engine import invalid_flags
 from operators.config import OperatorConfig
 from operators.deployment import (
     build_deployment,
-    workload_name,
     engine_args,
     models_claim_name,
     owned_by,
     owner_reference,
     pod_selector,
+    workload_name,
 )
 from operators.pool_spec import parse_pool_spec
 

@@ -8,7 +8,7 @@ import pytest
 from k25.cli import build_parser
 from k25.commands.engine import invalid_flags
 from operators.config import OperatorConfig
-from operators.leader_worker_set import NODE_GROUP_LABEL, build_leader_worker_set
+from operators.leader_worker_set import NODE_GROUP_LABEL
 from operators.pool_spec import PoolSpecError, parse_pool_spec
 from operators.pool_upgrade import TEMPLATE_HASH, still_rolling
 from operators.workload import DEPLOYMENT, LEADER_WORKER_SET, build_workload, workload_kind, workload_patch

@@ -84,8 +84,11 @@ async def test_nodes_per_replica_crossing_one_swaps_the_deployment_for_a_leader_
     await wait_for(lambda: stored(cluster, DEPLOYMENTS, "big-engine"), "a Deployment for one node an engine")
     for nodes, now, before in ((2, LEADER_WORKER_SETS, DEPLOYMENTS), (1, DEPLOYMENTS, LEADER_WORKER_SETS)):
         await cluster.patch(f"/apis/k25.io/v1alpha1/namespaces/{NS}/enginepools/big", json={"spec": {"nodesPerReplica": nodes}})
-        await wait_for(lambda: stored(cluster, now, "big-engine") and stored(cluster, before, "big-engine") is None,
-                       f"nodesPerReplica {nodes}: the other kind of workload replaces the old one")
+
+        def replaced(now=now, before=before) -> bool:
+            return stored(cluster, now, "big-engine") is not None and stored(cluster, before, "big-engine") is None
+
+        await wait_for(replaced, f"nodesPerReplica {nodes}: the other kind of workload replaces the old one")
 
     def names_the_deployment_alone() -> bool:
         status = stored(cluster, POOLS, "big").get("status", {})
