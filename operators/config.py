@@ -27,7 +27,7 @@ class OperatorConfig:
     curve_secret: str | None = None
     interval_s: float = 5.0  # between autoscaling decisions
     qps_window_s: int = 10  # QPS is the mean over this many complete seconds
-    foreign_recheck_s: float = 30.0  # how often to look whether a foreign Deployment has gone
+    foreign_recheck_s: float = 30.0  # how often to look whether a foreign workload has gone, or the LWS API come
     # repositories (or `prefix/*`) whose images EnginePools may run (operators/image_policy.py); (): any
     allowed_images: tuple[str, ...] = ()
 

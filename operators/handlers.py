@@ -71,17 +71,17 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             if rolling is not None:
                 raise kopf.TemporaryError(f"waiting for {rolling} to finish rolling out before this pool's "
                                           "engines restart", delay=config.interval_s)
-        for other in replaced:
-            memo.kube.delete_workload(other, namespace, engines)
-            logger.info(f"deleted {other.kind} {engines}: the pool's engines are now a {kind.kind}'s")
         if existing is None:
             try:
                 memo.kube.create_workload(kind, namespace, manifest)
-            except ApiMissing as error:
+            except ApiMissing as error:  # the old kind, if any, keeps serving
                 raise kopf.TemporaryError(f"{error}: {LWS_MISSING}", delay=config.foreign_recheck_s) from error
             logger.info(f"created {kind.kind} {engines} with {bounded} replicas")
-            return
-        memo.kube.patch_workload(kind, namespace, engines, workload_patch(manifest, bounded))
+        else:
+            memo.kube.patch_workload(kind, namespace, engines, workload_patch(manifest, bounded))
+        for other in replaced:
+            memo.kube.delete_workload(other, namespace, engines)
+            logger.info(f"deleted {other.kind} {engines}: the pool's engines are now a {kind.kind}'s")
 
     @kopf.on.update(*ENGINE_POOLS, field="spec.replicas", **on)
     def scale_by_hand(new, spec, name, namespace, uid, status, memo, patch, logger, **_):

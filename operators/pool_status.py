@@ -8,7 +8,8 @@ from operators.deployment import POOL_LABEL, pod_selector, workload_name
 
 # a pool over several nodes needs LeaderWorkerSet's CRD and controller in the cluster
 LWS_MISSING = ("a pool over several nodes (nodesPerReplica above 1) needs the LeaderWorkerSet API "
-               "(leaderworkerset.x-k8s.io/v1): install LeaderWorkerSet's controller, or set nodesPerReplica: 1")
+               "(leaderworkerset.x-k8s.io/v1); if it stays missing, install LeaderWorkerSet's controller in the "
+               "cluster, or set nodesPerReplica: 1")
 
 
 def unschedulable_message(pods: list[dict]) -> str | None:

@@ -106,15 +106,18 @@ async def test_deleting_the_pool_deletes_its_leader_worker_set(cluster, operator
     await wait_for(lambda: stored(cluster, POOLS, "big") is None, "the pool goes once the operator let it")
 
 
-async def test_without_the_leader_worker_set_api_the_pool_says_what_to_install(cluster, redis_server):
+async def test_without_the_leader_worker_set_api_the_pool_says_what_to_install_and_keeps_its_engines(
+        cluster, redis_server):
     # a cluster without LeaderWorkerSet's CRD: its API answers 404 (kmock would store any object otherwise)
     del cluster.resources[LEADER_WORKER_SETS]
     cluster[kmock.resource(LEADER_WORKER_SETS)] << kmock.KubernetesResourceNotFoundError
     async with running_operator(cluster, operator_config(redis_server)):
-        await create_pool(cluster, "big", TWO_NODES)
+        await create_pool(cluster, "big", {**TWO_NODES, "nodesPerReplica": 1})
+        await wait_for(lambda: stored(cluster, DEPLOYMENTS, "big-engine"), "a Deployment for one node an engine")
+        await cluster.patch(f"/apis/k25.io/v1alpha1/namespaces/{NS}/enginepools/big", json={"spec": {"nodesPerReplica": 2}})
         ready = await wait_for(lambda: condition(cluster, "big", "Ready").get("reason") == "LeaderWorkerSetMissing"
                                and condition(cluster, "big", "Ready"), "the pool says what is missing")
         await wait_for(lambda: any(r.method == "POST" and r.resource and r.resource.plural == "leaderworkersets"
                                    for r in cluster), "the operator tried to create it")
-    assert "needs the LeaderWorkerSet API (leaderworkerset.x-k8s.io/v1): install" in ready["message"]
-    assert stored(cluster, DEPLOYMENTS, "big-engine") is None
+        assert stored(cluster, DEPLOYMENTS, "big-engine") is not None  # the engines it had serve on
+    assert "needs the LeaderWorkerSet API (leaderworkerset.x-k8s.io/v1); if it stays missing, install" in ready["message"]
