@@ -33,7 +33,8 @@ BENCH_OF_CHUNKER = {"bench.chunker_bench", "bench.chunker_baseline"}
 BENCH_OF_GATEWAY = {"bench.passage_recall"}  # measures the gateway's passage ranker
 # the vLLM backend's modules that import vLLM: they run in vLLM's own environment (`make vllm`,
 # the engine-vllm image), checked below by test_the_vllm_backend_imports_in_vllms_environment
-VLLM_BACKEND = {"engine.vllm_core.core", "engine.vllm_core.adapters"}
+VLLM_BACKEND = {"engine.vllm_core.core", "engine.vllm_core.adapters", "engine.vllm_core.engine_plan",
+                "engine.vllm_core.headless"}
 
 
 def modules_under(package: str) -> list[str]:
