@@ -2,14 +2,26 @@
 endpoints are withdrawn (preStop), then lets requests in flight run to their deadline (its grace
 period covers both); every pool's engines drain for that same deadline unless the pool says
 otherwise, ask for CPU and memory, and take a priority class when one is named; each EnginePool
-valid against the CRD and read by the operator as the chart meant."""
+valid against the CRD and read by the operator as the chart meant; each pool's disruption budget
+covers its engine pods (a LeaderWorkerSet's leaders and workers too) and no others."""
 
+import pytest
 import yaml
 
 from k25.cli import build_parser
 from operators.pool_spec import parse_pool_spec
 from tests.helpers.crd_schema import crd_for, custom_resource_errors
-from tests.helpers.helm_chart import of_kind, render_error, rendered, rendered_with
+from tests.helpers.helm_chart import (
+    VALUE_SETS,
+    engine_workloads,
+    of_kind,
+    pod_templates,
+    render_error,
+    rendered,
+    rendered_with,
+    value_set_id,
+)
+from tests.helpers.network_policy import selects
 
 CPU_POOL = {"name": "cpu", "nodeType": "CPU", "chunkSize": 256, "maxChunkPerGpu": 4, "gpusPerReplica": 0}
 
@@ -82,3 +94,15 @@ def test_the_gateway_and_the_chunker_survive_a_node_drain():
         assert spread["topologyKey"] == "kubernetes.io/hostname"
     chunker = next(d for d in of_kind(objects, "Deployment") if d["metadata"]["name"].endswith("-chunker"))
     assert chunker["spec"]["replicas"] == 2
+
+
+@pytest.mark.parametrize("values", VALUE_SETS, ids=value_set_id)
+def test_each_pools_disruption_budget_covers_its_engines_and_no_others(values):
+    objects = rendered(values)
+    pods = {(w["metadata"]["name"], i): t["metadata"]["labels"]  # a LeaderWorkerSet's leader and workers both
+            for w in engine_workloads(objects) for i, t in enumerate(pod_templates(w))}
+    budgets = [b for b in of_kind(objects, "PodDisruptionBudget") if b["metadata"]["name"].endswith("-engine")]
+    assert sorted(b["metadata"]["name"] for b in budgets) == sorted({name for name, _ in pods})
+    for budget in budgets:
+        covered = {key for key, labels in pods.items() if selects(budget["spec"]["selector"], labels)}
+        assert covered == {key for key in pods if key[0] == budget["metadata"]["name"]}

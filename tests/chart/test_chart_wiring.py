@@ -25,11 +25,9 @@ from tests.helpers.helm_chart import (
     RELEASE,
     VALUE_SETS,
     engine_deployments,
-    engine_workloads,
     helm,
     named,
     of_kind,
-    pod_templates,
     rendered,
     rendered_with,
     value_set_id,
@@ -198,18 +196,6 @@ def test_the_default_pools_are_the_three_profiled_node_types_like_the_k8s_exampl
         for field in ("nodeSelector", "tolerations", "chunkSize", "gpusPerReplica", "targetQPSPerReplica"):
             assert spec[field] == examples[node_type][field], (node_type, field)
         assert spec["targetQPSPerReplica"] == 80 and spec["image"] == "k25-engine:0.1.0"
-
-
-@value_sets
-def test_each_pools_disruption_budget_covers_its_engines_and_no_others(values):
-    objects = rendered(values)
-    pods = {(w["metadata"]["name"], i): t["metadata"]["labels"]  # a LeaderWorkerSet's leader and workers both
-            for w in engine_workloads(objects) for i, t in enumerate(pod_templates(w))}
-    budgets = [b for b in of_kind(objects, "PodDisruptionBudget") if b["metadata"]["name"].endswith("-engine")]
-    assert sorted(b["metadata"]["name"] for b in budgets) == sorted({name for name, _ in pods})
-    for budget in budgets:
-        covered = {key for key, labels in pods.items() if selects(budget["spec"]["selector"], labels)}
-        assert covered == {key for key in pods if key[0] == budget["metadata"]["name"]}
 
 
 @value_sets
