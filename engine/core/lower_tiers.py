@@ -38,14 +38,16 @@ class LowerTiers(Protocol):
         """The tier (HOST or DISK) of each of the leading `hashes` held below the device; stops
         at the first one held nowhere."""
 
-    def fetch(self, hashes: list[int]) -> None:
+    def fetch(self, hashes: list[int]) -> bool:
         """Start reading the disk blocks among `hashes` into host memory (already started: nothing),
         and keep all of them there until `release`: a waiting request's prefix is not given up
-        to make room for its own reads."""
+        to make room for its own reads, nor for another request's. False, and nothing started,
+        when host memory cannot hold them beside what other waiting requests fetched: the
+        request asks again once some of those have been released."""
 
     def release(self, hashes: set[int]) -> None:
-        """The request that had these disk blocks read has been admitted or has ended: they may
-        be given up again."""
+        """A request that fetched these blocks has been admitted or has ended: once no waiting
+        request holds them they may be given up again."""
 
     def reading_any(self, hashes: set[int]) -> bool:
         """Whether a read of any of `hashes` is under way."""

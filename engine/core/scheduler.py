@@ -192,10 +192,10 @@ class Scheduler:
 
     def _lower_prefix(self, seq: Sequence, start: int) -> list[int] | None:
         """The hashes of the blocks after its first `start` (device-cached) ones that host memory
-        holds, or None while it waits for disk reads. A sequence waits for the disk once: what its
-        reads brought in may have been given up again to other reads by the time it is admitted,
-        and it computes those blocks rather than wait again (no two waiting sequences can keep
-        each other waiting)."""
+        holds, or None while it waits for disk reads (or for host memory to have room for them:
+        the blocks waiting sequences fetched stay there until they are admitted). A sequence
+        waits for the disk once: a block that could not be read, and the ones after it, it
+        computes rather than wait again."""
         if self.lower_tiers is None or seq.block_table:
             return []
         block_size = self.block_manager.block_size
@@ -204,10 +204,10 @@ class Scheduler:
         if not seq.disk_fetched:
             on_disk = [h for h, tier in zip(hashes, tiers) if tier == DISK]
             if on_disk:
-                seq.disk_fetched.update(on_disk)
-                seq.tier_held.update(hashes[: len(tiers)])
-                self.lower_tiers.fetch(hashes[: len(tiers)])
-                return None
+                if self.lower_tiers.fetch(hashes[: len(tiers)]):
+                    seq.disk_fetched.update(on_disk)
+                    seq.tier_held.update(hashes[: len(tiers)])
+                return None  # its reads started, or it asks again once host memory has room for them
         elif self.lower_tiers.reading_any(seq.disk_fetched):
             return None
         host_run = next((i for i, tier in enumerate(tiers) if tier != HOST), len(tiers))

@@ -15,6 +15,7 @@ engine thread; disk reads and writes run on the disk tier's thread everywhere.""
 
 import logging
 import time
+from collections import Counter
 
 import torch
 
@@ -43,7 +44,10 @@ class TierStore:
         self._copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
         self._in_flight: list[tuple[list[int], torch.Tensor, object]] = []  # (keys, host copy, CUDA event or None)
         self._in_flight_keys: set[int] = set()
-        self._landed: set[int] = set()  # a waiting request's prefix, pinned in host memory until it goes (release)
+        # the keys waiting requests fetched (how many requests each), and those of them pinned in host memory
+        # until the last of those requests goes (release); at most the host pool's size, so every read lands
+        self._wanted: Counter[int] = Counter()
+        self._landed: set[int] = set()
 
     # --- what the scheduler asks (engine/core/lower_tiers.py) ----------------------------
 
@@ -56,12 +60,16 @@ class TierStore:
             tiers.append(tier)
         return tiers
 
-    def fetch(self, hashes: list[int]) -> None:
+    def fetch(self, hashes: list[int]) -> bool:
+        if self._wanted and len(self._wanted.keys() | set(hashes)) > self.host.capacity:
+            return False
         for h in hashes:
+            self._wanted[h] += 1
             if h in self.host:
                 self._hold(h)
             else:
                 self.disk.read(h)
+        return True
 
     def _hold(self, key: int) -> None:
         if key not in self._landed:
@@ -86,13 +94,17 @@ class TierStore:
                 continue
             self.stats.bytes_from_disk += len(payload)
             data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(self.dtype).view(self.shape)
-            if self._store_host(key, data, now):
+            if self._store_host(key, data, now) and key in self._wanted:
                 self._hold(key)  # read for a waiting request: kept until it is admitted (release)
 
     def release(self, hashes: set[int]) -> None:
-        for key in hashes & self._landed:
-            self._landed.discard(key)
-            self.host.unpin(key)
+        for key in hashes & self._wanted.keys():
+            self._wanted[key] -= 1
+            if self._wanted[key] == 0:
+                del self._wanted[key]
+                if key in self._landed:
+                    self._landed.discard(key)
+                    self.host.unpin(key)
 
     def tier_blocks(self) -> dict[str, tuple[int, int]]:
         tiers = {HOST: (len(self.host), len(self.host) * self.block_bytes)}
