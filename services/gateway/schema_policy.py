@@ -6,6 +6,7 @@ honours. A keyword outside them would be dropped by the compiler or refused with
 that names no place in the request, so it is refused here, with its path."""
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 # keywords that constrain what the answer may be
@@ -58,6 +59,17 @@ def check_schema(schema: Any) -> None:
         if not isinstance(node, dict):
             raise SchemaRefused(f"{where} must be a schema (a JSON object or a boolean)")
         pending.extend(_children(where, node, depth))
+
+
+def subschemas(schema: Any) -> Iterator[tuple[str, Any]]:
+    """Every subschema of one that check_schema accepted, the schema itself first, each with its
+    place ("#/properties/parties/items")."""
+    pending = [("#", schema, 0)]
+    while pending:
+        where, node, depth = pending.pop()
+        yield where, node
+        if isinstance(node, dict):
+            pending.extend(_children(where, node, depth))
 
 
 def _children(where: str, node: dict, depth: int) -> list[tuple[str, Any, int]]:
