@@ -129,14 +129,13 @@ async def _extract(gateway, body: ExtractRequest, fields: list[ExtractField], sc
         pairs = [(f, passage) for f, read_for in enumerate(chosen) for passage in read_for]
         passages_read = {field.name: [p.citation() for p in read] for field, read in zip(fields, chosen)}
 
-        async def read_all(progress=None) -> list[list[Reading]]:
+        async def read_all(progress=lambda event: None) -> list[list[Reading]]:
             done = itertools.count(1)
 
             async def one(f: int, passage) -> Reading:
                 reading = await read(f, passage)
-                if progress is not None:
-                    progress(progress_event(next(done), len(pairs), passage, field=fields[f].name,
-                                            gave_value=reading.value is not None))
+                progress(progress_event(next(done), len(pairs), passage, field=fields[f].name,
+                                        gave_value=reading.value is not None))
                 return reading
 
             readings = await all_bounded([lambda f=f, p=p: one(f, p) for f, p in pairs], gateway.settings.document_fanout)
@@ -165,13 +164,12 @@ async def _extract(gateway, body: ExtractRequest, fields: list[ExtractField], sc
                 by_field.extend(await read_all(progress))
 
             async def ending():
-                final = await result(by_field)
-
-                async def events():
-                    yield sse(final)
-                    yield sse("[DONE]")
-
-                return events()
+                return _last_events(await result(by_field))
 
             return progress_stream({"object": "document.passages", "fields": passages_read}, read_streamed, ending)
         return JSONResponse(await result(await read_all()))
+
+
+async def _last_events(result: dict):
+    yield sse(result)
+    yield sse("[DONE]")
