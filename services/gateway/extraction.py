@@ -17,12 +17,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-import jsonschema
-
 from services.chunker.anchors import Anchor
 from services.gateway.documents import NOTE_MARK_TOKENS, PROMPT_TOKENS, Passage, map_messages
 from services.gateway.errors import OpenAIError, invalid_request
-from services.gateway.schema_policy import SchemaRefused, check_schema, subschemas
+from services.gateway.schema_policy import SchemaRefused, check_schema, subschemas, value_validator
 from services.gateway.value_support import Unsupported, same_value, support
 
 # fields one extraction may ask for; each is read from its own passages
@@ -61,6 +59,9 @@ def fields_of(schema: Any) -> list[ExtractField]:
         if isinstance(node, dict) and _allows_boolean(node):
             raise SchemaRefused(f"{where} admits a boolean, which cannot be checked against the text it would cite; "
                                 "ask for the words instead (a string, or an enum of strings)")
+        if isinstance(node, dict) and "patternProperties" in node:
+            raise SchemaRefused(f"{where} uses patternProperties, which an extraction does not take: name each "
+                                "property")
     return [ExtractField(name, sub, _label(name, sub), _text(sub, "description")) for name, sub in properties.items()]
 
 
@@ -130,7 +131,7 @@ def answered_value(text: str, validator) -> Any:
 
 
 def answer_validator(schema: dict):
-    return jsonschema.validators.validator_for(schema)(schema)
+    return value_validator(schema)
 
 
 @dataclass(frozen=True)

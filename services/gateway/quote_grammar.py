@@ -17,8 +17,8 @@ import json
 import re
 from typing import Any
 
-import jsonschema
 
+from services.gateway.schema_policy import compiled_pattern, value_validator
 from services.gateway.value_support import Unsupported, numbers_in, support
 
 # the passage's words: a CJK character (Chinese has no spaces), a run of letters, of digits, or
@@ -53,7 +53,8 @@ def _value_rule(schema: Any, text: str) -> tuple[list[str], str | None] | None:
     if "enum" in schema or "const" in schema:
         return _choices(schema, _enum_values(schema), text)
     if types == {"string"} and "pattern" in schema and set(schema) <= _DESCRIBING | _CHECKED_AFTER | {"pattern"}:
-        return _choices(schema, _pattern_matches(schema["pattern"], text), text)
+        matches = _pattern_matches(schema["pattern"], text)
+        return None if matches is None else _choices(schema, matches, text)
     if types == {"string"} and set(schema) <= _DESCRIBING | _CHECKED_AFTER:
         return _run_rules(text)
     if types and types <= {"integer", "number"} and set(schema) <= _DESCRIBING | _NUMBER_KEYWORDS:
@@ -74,6 +75,8 @@ def _array_rule(schema: dict, text: str) -> tuple[list[str], str] | None:
         return None
     rules, body = item
     least, most = schema.get("minItems", 0), schema.get("maxItems")
+    if most is not None and least > most:
+        return rules, None
     if body is None or most == 0:
         return rules, '"[]"' if least == 0 else None
     more = f"{{{max(least - 1, 0)},{most - 1}}}" if most is not None else "*"
@@ -85,19 +88,17 @@ def _enum_values(schema: dict) -> list:
     return [schema["const"]] if "const" in schema else list(schema["enum"])
 
 
-def _pattern_matches(pattern: str, text: str) -> list[str]:
-    # a schema's pattern matches anywhere in a string unless anchored: its matches in the passage
-    # are the strings that can be quoted (the anchors dropped to find them; the schema checks them)
-    core = pattern.removeprefix("^").removesuffix("$")
-    try:
-        return [m.group() for m in re.finditer(core, text) if m.group()]
-    except re.error:
-        return []
+def _pattern_matches(pattern: str, text: str) -> list[str] | None:
+    """The passage's matches of a schema's pattern (anchors dropped to find them; the schema
+    checks each), or None for a pattern RE2 does not read. RE2 runs in time linear in the
+    passage, whatever the pattern."""
+    core = compiled_pattern(pattern.removeprefix("^").removesuffix("$"))
+    return None if core is None else [m.group() for m in core.finditer(text) if m.group()]
 
 
 def _choices(schema: dict, candidates: list, text: str) -> tuple[list[str], str | None]:
     """The candidates the schema admits and the passage holds, as JSON literals (None: none)."""
-    check = jsonschema.validators.validator_for(schema)(schema)
+    check = value_validator(schema)
     held = []
     for candidate in dict.fromkeys(candidates):
         if candidate is None or not check.is_valid(candidate):

@@ -66,6 +66,8 @@ def test_each_property_is_a_field_named_by_its_title_or_its_name_in_words():
     ({"type": "object", "properties": {"x": {"type": ["string", "boolean"]}}}, "admits a boolean"),
     ({"type": "object", "properties": {"x": {"enum": ["yes", False]}}}, "admits a boolean"),
     ({"type": "object", "properties": {"x": {"type": "string", "uniqueItems": True}}}, "does not support"),
+    ({"type": "object", "properties": {"x": {"type": "object", "patternProperties": {"^a": {"type": "string"}}}}},
+     "#/properties/x uses patternProperties"),
 ])
 def test_what_cannot_be_extracted_is_refused_naming_it(schema, words):
     with pytest.raises(SchemaRefused, match=words):
@@ -196,6 +198,17 @@ def test_a_passage_that_holds_no_candidate_admits_only_null(ll, tokenizer):
     grammar = quote_grammar({"type": "string", "pattern": "^[A-Z][a-z]+ [0-9]{1,2}, [0-9]{4}$"}, CLAUSE)
     assert accepts(ll, tokenizer, grammar, '{"value": null}')
     assert not accepts(ll, tokenizer, grammar, '{"value": "April 2, 2024"}')
+
+
+def test_a_pattern_runs_on_re2_whatever_it_is():
+    """A pattern that makes a backtracking matcher take exponential time on a run of "a" then a
+    "b" is read in linear time; one RE2 does not read is decoded under the field's schema."""
+    text = "a" * 5000 + "b"
+    check = answer_validator({"type": "object", "properties": {"value": {"type": "string", "pattern": "^(a+)+$"}}})
+    assert not check.is_valid({"value": text}) and check.is_valid({"value": "aaa"})
+    grammar = quote_grammar({"type": "string", "pattern": "^(a+)+$"}, "a" * 5000 + " b")
+    assert grammar.startswith('start: "{\\"value\\": " ("null" | ("\\"' + "a" * 5000 + '\\""))')
+    assert quote_grammar({"type": "string", "pattern": "(?=a)b"}, text) is None
 
 
 @pytest.mark.parametrize("schema", [{"type": "object", "properties": {"a": {"type": "string"}}},
