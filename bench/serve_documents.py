@@ -146,7 +146,9 @@ async def run_stored_documents(client: httpx.AsyncClient, url: str, model: str, 
     questions = questions_for([p.name for p in paths], asked)
     specs = make_ask_workload(poisson_times(args.qps, len(paths) * args.questions, rng), questions, args.questions,
                               tuple(args.max_tokens), rng)
+    uploading = time.perf_counter()
     ids = await upload(client, url, [p.read_text(encoding="utf-8") for p in paths], args.warm)
+    upload_s = time.perf_counter() - uploading
     start = time.perf_counter()
 
     def clock() -> float:
@@ -167,5 +169,5 @@ async def run_stored_documents(client: httpx.AsyncClient, url: str, model: str, 
         await delete(client, url, ids)
     summary = summarize_asks(list(results), clock())
     return {"mode": "stored-documents", "qps": args.qps, "documents": [p.name for p in paths],
-            "questions": args.questions, "passages": args.passages, "warm": args.warm, **summary,
+            "questions": args.questions, "passages": args.passages, "warm": args.warm, "upload_s": upload_s, **summary,
             "cpu_ms_per_request": cpu.per_request(summary["completed"])}

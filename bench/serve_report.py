@@ -76,6 +76,7 @@ def _stored_document_lines(r: dict) -> list[str]:
     lines = [
         f"model {r['model']} at {r['url']}, seed {r['seed']}: {len(r['documents'])} stored documents{warmed}, "
         f"{r['questions']} questions each by id, Poisson arrivals at {r['qps']:g} QPS",
+        f"uploads       {r['upload_s']:.1f} s for all {len(r['documents'])}, one after another",
         f"questions     {r['requests']} asked, {r['completed']} answered, {r['failed']} failed",
         "passages read " + (f"{passages['mean']:.1f} per question ({passages['min']}-{passages['max']})"
                             if passages["mean"] is not None else "-"),

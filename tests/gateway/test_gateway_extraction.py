@@ -18,6 +18,7 @@ import httpx
 import jsonschema
 import pytest
 
+from bench.document_extraction import REVIEW_SCHEMA
 from tests.helpers.gateway_process import start_stack
 from tests.helpers.paths import CONTRACTS
 
@@ -28,17 +29,7 @@ MAX_READS = 16  # the stack's --max-document-passages: fields x passages per fie
 CONTRACT = (CONTRACTS / "en_master_services_agreement.txt").read_text()
 INTRO = next(line for line in CONTRACT.splitlines() if line.startswith("This Master Services Agreement"))
 # parties, amounts, dates, notice period and governing law, as a contract review asks for them
-SCHEMA = {"type": "object", "properties": {
-    "parties": {"type": "array", "items": {"type": "string", "maxLength": 80}, "maxItems": 4,
-                "description": "the companies that enter into the agreement"},
-    "amounts": {"type": "array", "items": {"type": "string", "pattern": "[0-9]+%"}, "maxItems": 4,
-                "description": "the percentages of interest, price increases or ownership"},
-    "effective_date": {"type": "string", "pattern": "^[A-Z][a-z]+ [0-9]{1,2}, [0-9]{4}$",
-                       "description": "the date the agreement is entered into"},
-    "notice_period": {"type": "string", "maxLength": 60,
-                      "description": "how much notice the provider must give before raising prices"},
-    "governing_law": {"type": "string", "maxLength": 80, "description": "the state whose laws govern the agreement"},
-}}
+SCHEMA = REVIEW_SCHEMA
 
 
 @pytest.fixture(scope="module")
