@@ -118,7 +118,7 @@ async def served_model(client: httpx.AsyncClient, url: str, wanted: str | None) 
         raise CannotBenchmark(f"cannot reach the gateway at {url} ({type(exc).__name__}: {exc or 'no answer'}); "
                               "is it running? (k25 up)") from None
     if response.status_code != 200:
-        raise CannotBenchmark(f"GET {url}/v1/models answered HTTP {response.status_code}: {_error_message(response.content)}")
+        raise CannotBenchmark(f"GET {url}/v1/models answered HTTP {response.status_code}: {error_message_of(response.content)}")
     try:
         models = [m["id"] for m in response.json()["data"]]
     except (ValueError, KeyError, TypeError):
@@ -132,7 +132,7 @@ async def served_model(client: httpx.AsyncClient, url: str, wanted: str | None) 
     return wanted
 
 
-def _error_message(content: bytes) -> str:
+def error_message_of(content: bytes) -> str:
     try:
         return json.loads(content)["error"]["message"]
     except (ValueError, KeyError, TypeError):
@@ -155,7 +155,7 @@ async def stream_completion(client: httpx.AsyncClient, url: str, model: str, spe
     try:
         async with client.stream("POST", f"{url}/v1/{'chat/completions' if spec.chat else 'completions'}", json=body) as response:
             if response.status_code != 200:
-                result.error, result.error_message = str(response.status_code), _error_message(await response.aread())
+                result.error, result.error_message = str(response.status_code), error_message_of(await response.aread())
             else:
                 async for line in response.aiter_lines():
                     if not line.startswith("data: "):
@@ -274,11 +274,17 @@ def _check_args(args) -> list[float] | None:
         raise BadArguments(f"--qps must be positive, got {args.qps}")
     if args.concurrency_probe is not None and args.concurrency_probe < 1:
         raise BadArguments(f"--concurrency-probe must be at least 1, got {args.concurrency_probe}")
-    if args.documents is not None:
+    if args.documents is not None and args.stored_documents:
+        raise BadArguments("--documents and --stored-documents are two workloads; give one")
+    if args.documents is not None or args.stored_documents:
         if args.qps is None:
-            raise BadArguments("--documents needs --qps (the rate at which the questions arrive)")
-        if args.documents < 1 or args.questions < 1 or args.document_tokens < 1:
-            raise BadArguments("--documents, --questions and --document-tokens must be at least 1")
+            raise BadArguments("--documents and --stored-documents need --qps (the rate at which the questions arrive)")
+        counts = (args.documents, args.questions, args.document_tokens, args.passages)
+        if any(count is not None and count < 1 for count in counts):
+            raise BadArguments("--documents, --questions, --document-tokens and --passages must be at least 1")
+    for path in [*(args.stored_documents or []), *([args.questions_file] if args.questions_file else [])]:
+        if not os.path.isfile(path):
+            raise BadArguments(f"{path}: no such file")
     if args.plot:
         folder = os.path.dirname(os.path.abspath(args.plot))
         if not os.path.isdir(folder):
@@ -345,6 +351,10 @@ async def _run_mode(args, sweep: list[float] | None) -> dict:
 
                 plot_sweep(levels, args.ttft_limit_ms, args.plot)
             return report
+        if args.stored_documents:
+            from bench.serve_documents import run_stored_documents
+
+            return report | await run_stored_documents(client, url, model, args, cpu)
         if args.documents is not None:
             rng = np.random.default_rng(args.seed)
             count = args.documents * args.questions

@@ -9,6 +9,8 @@ def report_lines(report: dict) -> list[str]:
            f"tokens, max_tokens {report['max_tokens'][0]}-{report['max_tokens'][1]}, seed {report['seed']}"
     if report["mode"] == "sweep":
         return [head, *_sweep_lines(report)]
+    if report["mode"] == "stored-documents":
+        return _stored_document_lines(report)
     if report["mode"] == "qps":
         what = f"Poisson arrivals at {report['qps']:g} QPS for {report['duration_s']:g} s"
     elif report["mode"] == "documents":
@@ -65,4 +67,27 @@ def _sweep_lines(report: dict) -> list[str]:
                      + "".join(f"{_cpu_ms(ms):>11}" for ms in level["cpu_ms_per_request"].values()))
     best = report["highest_qps_held"]
     lines.append(f"highest QPS held at p99 TTFT < {limit:g} ms: " + (f"{best:g}" if best is not None else "none of these levels"))
+    return lines
+
+
+def _stored_document_lines(r: dict) -> list[str]:
+    passages = r["passages_read"]
+    warmed = " (warmed)" if r["warm"] else ""
+    lines = [
+        f"model {r['model']} at {r['url']}, seed {r['seed']}: {len(r['documents'])} stored documents{warmed}, "
+        f"{r['questions']} questions each by id, Poisson arrivals at {r['qps']:g} QPS",
+        f"uploads       {r['upload_s']:.1f} s for all {len(r['documents'])}, one after another",
+        f"questions     {r['requests']} asked, {r['completed']} answered, {r['failed']} failed",
+        "passages read " + (f"{passages['mean']:.1f} per question ({passages['min']}-{passages['max']})"
+                            if passages["mean"] is not None else "-"),
+        "prefix cache  " + (f"{r['cached_share']:.1%} of prompt tokens cached; {r['questions_with_cache_hits']} of "
+                            f"{r['completed']} questions found some" if r["cached_share"] is not None else "-"),
+        f"latency (ms)  {'p50':>9}{'p95':>9}{'p99':>9}{'mean':>9}{'max':>9}",
+    ]
+    for key, name in (("latency_ms", "question"), ("first_question_ms", "first"), ("later_questions_ms", "later")):
+        lines.append(f"  {name:12s}" + "".join(_ms(r[key][k]) for k in ("p50", "p95", "p99", "mean", "max")))
+    if r["later_to_first_p50"] is not None:
+        lines.append(f"later questions' p50 is {r['later_to_first_p50']:.2f}x the first questions'")
+    for kind, count in r["errors"].items():
+        lines.append(f"error {kind:>8} x{count}: {r['error_examples'][kind]}")
     return lines

@@ -14,6 +14,11 @@ tenant, and the tenant is part of its key, so that no id can reach another tenan
                                                  Entries whose document expired are dropped when
                                                  the index is next read.
 
+    {release}:document-tenants                   set: the tenants that store documents, so that an
+                                                 admin key may list every tenant's documents and
+                                                 find one by id without a keyspace SCAN. A tenant
+                                                 leaves it when its last document is deleted.
+
 A document id is `doc-` and 24 hex digits; anything else names no document.
 """
 
@@ -32,6 +37,10 @@ def document_key_prefix(release: str, tenant: str) -> str:
 
 def tenant_documents_key(release: str, tenant: str) -> str:
     return f"{release}:documents:{tenant}"
+
+
+def document_tenants_key(release: str) -> str:
+    return f"{release}:document-tenants"
 
 
 def is_document_id(text: str) -> bool:

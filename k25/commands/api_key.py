@@ -6,6 +6,8 @@ import json
 def register(subparsers) -> None:
     p = subparsers.add_parser("api-key", help="make an API key for a tenant", description=__doc__)
     p.add_argument("--tenant", required=True, help="the tenant this key belongs to")
+    p.add_argument("--admin", action="store_true",
+                   help="the key may list, show and delete every tenant's stored documents")
     p.set_defaults(handler=run)
 
 
@@ -17,5 +19,5 @@ def run(args) -> int:
     key = new_key()
     print(f"key (give it to the client; it is not stored): {key}")
     print("entry for the keys file's \"keys\" list:")
-    print(json.dumps({"sha256": hash_key(key), "tenant": args.tenant}))
+    print(json.dumps({"sha256": hash_key(key), "tenant": args.tenant} | ({"admin": True} if args.admin else {})))
     return 0

@@ -81,6 +81,16 @@ def register(subparsers) -> None:
                    help="chat requests of a structured workload instead of token-id prompts: a mix of JSON schemas "
                    "(json), of tool calls with tool_choice required (tools), or the json questions unconstrained "
                    "(free, the baseline); reports the share of answers that validate")
+    p.add_argument("--stored-documents", nargs="+", metavar="FILE",
+                   help="document QA by id (with --qps): each FILE uploaded once (POST /v1/documents), then --questions "
+                   "questions about each asked through /v1/documents/ask, interleaved; reports each question's latency "
+                   "(a document's first apart from the later ones), the passages it read and the prompt tokens found "
+                   "cached; the documents are deleted after")
+    p.add_argument("--questions-file", metavar="FILE",
+                   help="the questions of --stored-documents per file name, as tests/fixtures/contracts/questions.json "
+                   "(default: a contract review's usual questions)")
+    p.add_argument("--passages", type=int, help="passages each --stored-documents question reads (default: the gateway's)")
+    p.add_argument("--warm", action="store_true", help="upload the --stored-documents with their KV warmed")
     p.add_argument("--questions", type=int, default=4, metavar="Q", help="questions per document (default 4)")
     p.add_argument("--document-tokens", type=int, default=2000, help="tokens per document (default 2000)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")

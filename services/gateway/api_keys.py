@@ -2,10 +2,13 @@
 
 The keys file (mounted from a Secret) is JSON:
 
-    {"keys": [{"sha256": "<hex digest of the key>", "tenant": "acme", "adapters": ["legal-zh"]}, ...],
+    {"keys": [{"sha256": "<hex digest of the key>", "tenant": "acme", "adapters": ["legal-zh"]},
+              {"sha256": "...", "tenant": "compliance", "admin": true}, ...],
      "tenants": {"acme": {"max_concurrent_requests": 8, "tokens_per_minute": 200000}}}
 
-`adapters` (optional) limits the key to the base model and those LoRA adapters.
+`adapters` (optional) limits the key to the base model and those LoRA adapters. `admin`
+(optional, false) lets the key see every tenant's stored documents: list, show and delete them
+(its own questions and uploads stay its tenant's).
 `tenants` (optional) limits a tenant's requests in flight and its tokens per minute
 (prompt + max_tokens), over all its keys; a tenant not named there, or a limit left out,
 is unlimited. `k25 api-key` makes a key and the entry to add. A presented key is hashed
@@ -49,12 +52,14 @@ def new_key() -> str:
 
 @dataclass(frozen=True)
 class Caller:
-    """Who sent a request: their tenant, the adapters they may use (None: any) and a stable
-    id of their key (its hash; "" when the gateway asks for no keys)."""
+    """Who sent a request: their tenant, the adapters they may use (None: any), a stable id of
+    their key (its hash; "" when the gateway asks for no keys), and whether the key may see
+    every tenant's documents."""
 
     tenant: str
     adapters: tuple[str, ...] | None = None
     key_id: str = ""
+    admin: bool = False
 
     def may_use(self, adapter: str) -> bool:
         return self.adapters is None or adapter in self.adapters
@@ -89,7 +94,10 @@ class ApiKeys:
             adapters = entry.get("adapters")
             if adapters is not None and (not isinstance(adapters, list) or not all(isinstance(a, str) and a for a in adapters)):
                 raise ApiKeysError(f"{path}: keys[{position}].adapters must be a list of adapter names")
-            table[digest.lower()] = Caller(tenant, None if adapters is None else tuple(adapters), digest.lower())
+            admin = entry.get("admin", False)
+            if not isinstance(admin, bool):
+                raise ApiKeysError(f"{path}: keys[{position}].admin must be true or false")
+            table[digest.lower()] = Caller(tenant, None if adapters is None else tuple(adapters), digest.lower(), admin)
         return cls(table, _tenant_limits(path, document.get("tenants", {})))
 
     def caller_of(self, presented: str) -> Caller | None:

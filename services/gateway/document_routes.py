@@ -7,32 +7,34 @@ speak of is a passage. The request field `passage_tokens` (a passage's token bud
 `chunk_size`) still accepts its old name `chunk_size`."""
 
 import asyncio
+import itertools
 import time
 
-import redis
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from opentelemetry import trace
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from services.gateway.admission import Ticket
 from services.gateway.api_keys import Caller
 from services.gateway.disconnect import unless_client_leaves
-from services.gateway.document_stream import progress_stream
-from services.gateway.document_split import SPLIT_FIELDS, SplitFields, passage_spans, split_document
-from services.gateway.document_store_routes import document_not_found, install_document_store_routes, store_of, \
-    store_unavailable
+from services.gateway.document_extract import install_extract_route
+from services.gateway.document_jobs import Usage, document_job
+from services.gateway.document_request import DocumentRequest, load_document
+from services.gateway.document_split import SplitFields, passage_spans, split_document
+from services.gateway.document_store_routes import install_document_store_routes
+from services.gateway.document_stream import progress_event, progress_stream
 from services.gateway.documents import (
     Passage,
-    citations,
     choose_passages,
+    citations,
+    passages_of,
     question_cost,
     reduce_messages,
     take_notes,
     too_many_passages,
 )
-from services.gateway.errors import OpenAIError
-from services.gateway.openai_schema import ChatCompletionRequest, estimated_tokens
+from services.gateway.openai_schema import estimated_tokens
 from services.gateway.service import Gateway, ReplyShape
 
 tracer = trace.get_tracer("k25.gateway")
@@ -42,27 +44,13 @@ class ChunksRequest(SplitFields):
     text: str = Field(min_length=1)
 
 
-class AskRequest(SplitFields):
-    model: str
-    document: str | None = Field(None, min_length=1, description="the document's text; or `document_id`")
-    document_id: str | None = Field(None, description="a document stored with POST /v1/documents; or `document`")
+class AskRequest(DocumentRequest):
     question: str = Field(min_length=1)
     passages: int | None = Field(None, ge=1, description="passages to read, the most relevant to the question "
                                  "(default: the gateway's --document-passages-read; at most --max-document-passages)")
     max_tokens: int = Field(256, ge=1, description="tokens of the final answer at most")
     note_max_tokens: int = Field(128, ge=1, description="tokens of each passage's note at most")
     stream: bool = False
-    user: str | None = None
-
-    @model_validator(mode="after")
-    def _one_document(self):
-        if (self.document is None) == (self.document_id is None):
-            raise ValueError("give either `document` (the text) or `document_id` (a stored document), not both")
-        if self.document_id is not None:
-            named = [f for f in SPLIT_FIELDS if getattr(self, f) is not None]
-            if named:
-                raise ValueError(f"{', '.join(named)}: a stored document keeps the passages it was cut into at upload")
-        return self
 
     def reserved_tokens(self) -> int:
         """What a tenant's token rate is charged at admission: the document and question (estimated
@@ -74,6 +62,7 @@ class AskRequest(SplitFields):
 
 def install_document_routes(app: FastAPI, gateway: Gateway, caller) -> None:
     install_document_store_routes(app, gateway, caller)
+    install_extract_route(app, gateway, caller)
 
     @app.post("/v1/chunks")
     async def chunks(body: ChunksRequest, request: Request, caller: Caller = Depends(caller)):
@@ -92,21 +81,6 @@ def install_document_routes(app: FastAPI, gateway: Gateway, caller) -> None:
         return await unless_client_leaves(request, _ask(gateway, body, request.state.span, caller, ticket))
 
 
-async def _document(gateway: Gateway, body: AskRequest, caller: Caller, span) -> tuple[str, list[dict], int]:
-    """The document's text, its passages' spans and its token count: stored, or cut now."""
-    if body.document_id is None:
-        split = await split_document(gateway, body, body.document, span)
-        return body.document, passage_spans(split), split.total_tokens
-    try:
-        found = await asyncio.to_thread(store_of(gateway).load, caller.tenant, body.document_id)
-    except redis.RedisError as exc:
-        raise store_unavailable(exc) from None
-    if found is None:
-        raise document_not_found(body.document_id, "document_id")
-    meta, text = found
-    return text, meta["passages"], meta["tokens"]
-
-
 async def _ask(gateway: Gateway, body: AskRequest, parent_span, caller: Caller, ticket: Ticket):
     # one deadline for the whole request: every passage's note and the answer share it
     deadline = time.time() + gateway.settings.request_timeout_s
@@ -115,9 +89,8 @@ async def _ask(gateway: Gateway, body: AskRequest, parent_span, caller: Caller, 
     if refusal is not None:
         raise refusal
     with tracer.start_as_current_span("k25.documents.ask", context=trace.set_span_in_context(parent_span)) as span:
-        text, spans, total_tokens = await _document(gateway, body, caller, span)
-        every = [Passage(s["index"] + 1, s["anchor"], s["start_char"], s["end_char"], text[s["start_char"]:s["end_char"]])
-                 for s in spans]
+        text, spans, total_tokens = await load_document(gateway, body, caller, span)
+        every = passages_of(text, spans)
         # off the event loop: BM25 over hundreds of passages is CPU work
         passages = await asyncio.to_thread(choose_passages, body.question, every, read_count)
         # the whole question's tokens up front (the admission reserved a first estimate): a tenant
@@ -128,12 +101,12 @@ async def _ask(gateway: Gateway, body: AskRequest, parent_span, caller: Caller, 
         ticket.reserve(max(0, cost - body.reserved_tokens()))
         span.set_attributes({"k25.chunks": len(every), "k25.chunks_read": len(passages),
                              "k25.document_tokens": total_tokens})
-        usage = {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0}
+        usage = Usage()
 
         async def note(messages: list[dict]) -> str:
             job = await _job(gateway, body, messages, body.note_max_tokens, caller, ticket, deadline)
             answer = await gateway.generate(job, ReplyShape(True), span)
-            _add_usage(usage, answer.final.usage)
+            usage.add(answer.final.usage)
             return answer.text
 
         read = [p.citation() for p in passages]  # best first
@@ -141,44 +114,33 @@ async def _ask(gateway: Gateway, body: AskRequest, parent_span, caller: Caller, 
         if body.stream:
             noted: list[Passage] = []
 
-            async def read_notes(on_note) -> None:
-                noted.extend(await take_notes(body.question, chosen, note, fanout, on_note))
+            async def read_notes(progress) -> None:
+                done = itertools.count(1)
+                noted.extend(await take_notes(body.question, chosen, note, fanout, lambda passage: progress(
+                    progress_event(next(done), len(read), passage, bears_on_question=passage.relevant))))
 
             async def streamed_answer():
                 final = await _job(gateway, body, reduce_messages(body.question, noted), body.max_tokens, caller, ticket,
                                    deadline)
-                return await gateway.stream(final, ReplyShape(True), span, epilogue=lambda answer_text: [
+                answer = await gateway.stream(final, ReplyShape(True), span, epilogue=lambda answer_text: [
                     {"id": final.request_id, "object": "document.citations",
                      "citations": citations(answer_text, noted), "passages_read": read}
                 ])
+                return answer.body_iterator
 
-            return progress_stream(read, read_notes, streamed_answer)
+            return progress_stream({"object": "document.passages", "passages_read": read}, read_notes, streamed_answer)
         passages = await take_notes(body.question, chosen, note, fanout)
         final_job = await _job(gateway, body, reduce_messages(body.question, passages), body.max_tokens, caller, ticket,
                                deadline)
         answer = await gateway.generate(final_job, ReplyShape(True), span)
-    _add_usage(usage, answer.final.usage)
+    usage.add(answer.final.usage)
     return JSONResponse({
         "id": final_job.request_id, "object": "document.answer", "created": int(time.time()), "model": body.model,
         "document_id": body.document_id, "answer": answer.text, "citations": citations(answer.text, passages),
-        "chunks": len(every), "passages_read": read,
-        "usage": {"prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
-                  "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
-                  "prompt_tokens_details": {"cached_tokens": usage["cached_tokens"]}},
+        "chunks": len(every), "passages_read": read, "usage": usage.body(),
     })
-
-
-def _add_usage(total: dict, usage) -> None:
-    total["prompt_tokens"] += usage.prompt_tokens
-    total["completion_tokens"] += usage.completion_tokens
-    total["cached_tokens"] += usage.cached_tokens
 
 
 async def _job(gateway: Gateway, body: AskRequest, messages: list[dict], max_tokens: int, caller: Caller, ticket: Ticket,
                deadline: float):
-    if time.time() >= deadline:  # nothing more is sent to an engine for a request that has run out of time
-        raise OpenAIError(504, "the request's deadline passed before every passage was read", "server_error", "timeout")
-    request = ChatCompletionRequest(model=body.model, messages=messages, max_tokens=max_tokens, temperature=0, user=body.user)
-    job = gateway.make_job(request, await gateway.encoder.encode_chat(messages), caller, "doc", deadline)
-    ticket.use(len(job.prompt_token_ids) + job.sampling.max_tokens)
-    return job
+    return await document_job(gateway, body.model, body.user, messages, max_tokens, caller, ticket, deadline)

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 
 import redis
 
-from common.document_keys import document_key, document_key_prefix, is_document_id, tenant_documents_key
+from common.document_keys import (
+    document_key,
+    document_key_prefix,
+    document_tenants_key,
+    is_document_id,
+    tenant_documents_key,
+)
 
 
 @dataclass(frozen=True)
@@ -32,9 +38,9 @@ class TenantLimitReached(Exception):
         self.limit, self.stored = limit, stored
 
 
-# KEYS: the tenant's index, the new document's key. ARGV: id, bytes, max tenant bytes, max tenant
-# documents, ttl, meta, text, the tenant's document key prefix. Index entries of documents that
-# expired are dropped as the tenant's use is counted.
+# KEYS: the tenant's index, the new document's key, the release's tenants. ARGV: id, bytes, max
+# tenant bytes, max tenant documents, ttl, meta, text, the tenant's document key prefix, the
+# tenant. Index entries of documents that expired are dropped as the tenant's use is counted.
 _PUT = """
 local entries = redis.call('HGETALL', KEYS[1])
 local stored, count = 0, 0
@@ -52,7 +58,16 @@ redis.call('HSET', KEYS[2], 'meta', ARGV[6], 'text', ARGV[7])
 redis.call('EXPIRE', KEYS[2], ARGV[5])
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[5])
+redis.call('SADD', KEYS[3], ARGV[9])
 return {'ok', 0}
+"""
+# KEYS: the document's key, the tenant's index, the release's tenants. ARGV: id, the tenant.
+# Whether there was a document; a tenant left with none leaves the release's tenants.
+_DELETE = """
+local removed = redis.call('DEL', KEYS[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+if redis.call('EXISTS', KEYS[2]) == 0 then redis.call('SREM', KEYS[3], ARGV[2]) end
+return removed
 """
 
 
@@ -64,15 +79,17 @@ class DocumentStore:
     def __init__(self, client: redis.Redis, release: str, limits: StoreLimits):
         self.redis, self.release, self.limits = client, release, limits
         self._put = client.register_script(_PUT)
+        self._delete = client.register_script(_DELETE)
 
     def put(self, tenant: str, meta: dict, text: str) -> None:
         """Store a document (meta carries its id); raises TenantLimitReached past a tenant limit."""
         meta_json, text_bytes = json.dumps(meta, ensure_ascii=False), text.encode()
         size = len(meta_json.encode()) + len(text_bytes)
         answer = self._put(
-            keys=[tenant_documents_key(self.release, tenant), document_key(self.release, tenant, meta["id"])],
+            keys=[tenant_documents_key(self.release, tenant), document_key(self.release, tenant, meta["id"]),
+                  document_tenants_key(self.release)],
             args=[meta["id"], size, self.limits.max_tenant_bytes, self.limits.max_tenant_documents, self.limits.ttl_s,
-                  meta_json, text_bytes, document_key_prefix(self.release, tenant)],
+                  meta_json, text_bytes, document_key_prefix(self.release, tenant), tenant],
         )
         verdict, stored = answer[0].decode(), int(answer[1])
         if verdict != "ok":
@@ -96,11 +113,9 @@ class DocumentStore:
         """Remove the document's text, passages and index entry; whether there was one."""
         if not is_document_id(document_id):
             return False
-        with self.redis.pipeline() as pipe:
-            pipe.delete(document_key(self.release, tenant, document_id))
-            pipe.hdel(tenant_documents_key(self.release, tenant), document_id)
-            removed, _ = pipe.execute()
-        return removed == 1
+        keys = [document_key(self.release, tenant, document_id), tenant_documents_key(self.release, tenant),
+                document_tenants_key(self.release)]
+        return self._delete(keys=keys, args=[document_id, tenant]) == 1
 
     def list(self, tenant: str) -> list[dict]:
         """The tenant's documents' meta, oldest first; index entries of expired ones are dropped."""
@@ -114,3 +129,20 @@ class DocumentStore:
         if gone:
             self.redis.hdel(index, *gone)
         return sorted((json.loads(m) for m in metas if m is not None), key=lambda m: (m["created"], m["id"]))
+
+    def tenant_of(self, document_id: str) -> str | None:
+        """The tenant that stores the document (for an admin key), or None."""
+        if not is_document_id(document_id):
+            return None
+        tenants = sorted(t.decode() for t in self.redis.smembers(document_tenants_key(self.release)))
+        with self.redis.pipeline(transaction=False) as pipe:
+            for tenant in tenants:
+                pipe.exists(document_key(self.release, tenant, document_id))
+            found = pipe.execute()
+        return next((tenant for tenant, exists in zip(tenants, found) if exists), None)
+
+    def list_every_tenant(self) -> "list[tuple[str, dict]]":
+        """(tenant, meta) of every tenant's documents (for an admin key), oldest first."""
+        tenants = sorted(t.decode() for t in self.redis.smembers(document_tenants_key(self.release)))
+        found = [(tenant, meta) for tenant in tenants for meta in self.list(tenant)]
+        return sorted(found, key=lambda pair: (pair[1]["created"], pair[1]["id"]))

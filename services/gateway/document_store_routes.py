@@ -1,7 +1,8 @@
-"""`/v1/documents`: a tenant's stored documents. `POST` cuts the text into passages (the chunker)
-and stores both (document_store.py); `GET` lists the tenant's documents, `GET /{id}` shows one
-with its passages, `DELETE /{id}` removes it. Another tenant's id answers 404, as an id that
-never existed does."""
+"""`/v1/documents`: a tenant's stored documents. `POST` cuts the text into passages (the chunker),
+optionally warms their KV on the engines (document_warm.py), and stores both (document_store.py);
+`GET` lists the tenant's documents, `GET /{id}` shows one with its passages, `DELETE /{id}`
+removes it. Another tenant's id answers 404, as an id that
+never existed does; an admin key (api_keys.py) lists, shows and deletes every tenant's."""
 
 import asyncio
 import logging
@@ -12,8 +13,11 @@ from fastapi import Depends, FastAPI, Request
 from pydantic import Field, field_validator
 
 from services.gateway.api_keys import Caller
+from services.gateway.disconnect import unless_client_leaves
 from services.gateway.document_split import SplitFields, passage_spans, split_document
 from services.gateway.document_store import DocumentStore, StoreLimits, TenantLimitReached, new_document_id
+from services.gateway.document_warm import warm_cost, warm_passages
+from services.gateway.documents import passages_of
 from services.gateway.errors import RETRY_AFTER_S, OpenAIError, invalid_request
 from services.gateway.openai_schema import estimated_tokens
 from services.gateway.request_id import current_request_id
@@ -40,6 +44,9 @@ class DocumentCreate(SplitFields):
                 raise ValueError(f"metadata keys have at most {METADATA_KEY_CHARS} characters and values "
                                  f"{METADATA_VALUE_CHARS}")
         return metadata
+
+    warm: bool = Field(False, description="prefill every passage's KV on the engines (for the base model) before "
+                       "answering, so that the first question about it is fast too")
 
 
 def store_of(gateway) -> DocumentStore:
@@ -80,9 +87,9 @@ def tenant_limit_error(reached: TenantLimitReached, adding: int, settings) -> Op
                        "invalid_request_error", "tenant_storage_full")
 
 
-def public(meta: dict, with_passages: bool) -> dict:
-    """A document as answered: its meta, with its passages or only their number."""
-    shown = {k: v for k, v in meta.items() if k != "passages"}
+def public(meta: dict, tenant: str, with_passages: bool) -> dict:
+    """A document as answered: its meta and tenant, with its passages or only their number."""
+    shown = {k: v for k, v in meta.items() if k != "passages"} | {"tenant": tenant}
     shown["passage_count"] = len(meta["passages"])
     if with_passages:
         shown["passages"] = meta["passages"]
@@ -96,43 +103,61 @@ def install_document_store_routes(app: FastAPI, gateway, caller) -> None:
         except redis.RedisError as exc:
             raise store_unavailable(exc) from None
 
+    async def tenant_of(caller: Caller, document_id: str) -> str:
+        """Whose document the caller names: its own tenant's, or for an admin key any tenant's."""
+        if not caller.admin:
+            return caller.tenant
+        return await in_store(store_of(gateway).tenant_of, document_id) or caller.tenant
+
     @app.post("/v1/documents")
     async def create(body: DocumentCreate, request: Request, caller: Caller = Depends(caller)):
-        settings = gateway.settings
-        refusal = too_large(len(body.text.encode()), settings.max_document_bytes)
+        refusal = too_large(len(body.text.encode()), gateway.settings.max_document_bytes)
         if refusal is not None:
             raise refusal
+        return await unless_client_leaves(request, store_document(body, request, caller))
+
+    async def store_document(body: DocumentCreate, request: Request, caller: Caller):
+        settings = gateway.settings
         # cutting is charged to the tenant's token rate as the text's tokens, as /v1/chunks is
         ticket = request.state.ticket
         ticket.reserve(estimated_tokens(body.text))
         split = await split_document(gateway, body, body.text, request.state.span)
         ticket.use(split.total_tokens)
+        spans = passage_spans(split)
+        warmed = None
+        if body.warm:  # before it is stored: a warm-up that fails leaves nothing stored
+            ticket.reserve(warm_cost([s["tokens"] for s in spans]))
+            warmed = await warm_passages(gateway, passages_of(body.text, spans), caller, ticket, request.state.span)
         created = int(time.time())
         meta = {"id": new_document_id(), "object": "document", "name": body.name, "metadata": body.metadata,
                 "created": created, "expires_at": created + settings.document_ttl_s, "bytes": len(body.text.encode()),
                 "tokens": split.total_tokens, "passage_tokens": body.passage_tokens,
                 "overlap_ratio": body.overlap_ratio, "semantic_threshold": body.semantic_threshold,
-                "passages": passage_spans(split)}
+                "passages": spans}
         try:
             await in_store(store_of(gateway).put, caller.tenant, meta, body.text)
         except TenantLimitReached as reached:
             raise tenant_limit_error(reached, meta["bytes"], settings) from None
-        return public(meta, with_passages=True)
+        shown = public(meta, caller.tenant, with_passages=True)
+        return shown | {"warmed": warmed} if warmed is not None else shown
 
     @app.get("/v1/documents")
     async def listing(caller: Caller = Depends(caller)):
-        found = await in_store(store_of(gateway).list, caller.tenant)
-        return {"object": "list", "data": [public(m, with_passages=False) for m in found]}
+        store = store_of(gateway)
+        found = await in_store(store.list_every_tenant) if caller.admin else \
+            [(caller.tenant, meta) for meta in await in_store(store.list, caller.tenant)]
+        return {"object": "list", "data": [public(meta, tenant, with_passages=False) for tenant, meta in found]}
 
     @app.get("/v1/documents/{document_id}")
     async def show(document_id: str, caller: Caller = Depends(caller)):
-        meta = await in_store(store_of(gateway).meta, caller.tenant, document_id)
+        tenant = await tenant_of(caller, document_id)
+        meta = await in_store(store_of(gateway).meta, tenant, document_id)
         if meta is None:
             raise document_not_found(document_id)
-        return public(meta, with_passages=True)
+        return public(meta, tenant, with_passages=True)
 
     @app.delete("/v1/documents/{document_id}")
     async def delete(document_id: str, caller: Caller = Depends(caller)):
-        if not await in_store(store_of(gateway).delete, caller.tenant, document_id):
+        if not await in_store(store_of(gateway).delete, await tenant_of(caller, document_id), document_id):
             raise document_not_found(document_id)
         return {"id": document_id, "object": "document.deleted", "deleted": True}

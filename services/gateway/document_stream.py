@@ -1,10 +1,11 @@
-"""A streamed document answer that shows its progress: which passages it reads, before any is
-asked; one event as each passage's note is taken; then the answer's own events.
+"""A streamed document request that shows its progress: what it will read, before any passage is
+asked; one event as each passage is read; then the events that end it (a question's answer, an
+extraction's result).
 
-Everything that can refuse the question (the document, the passages' choice, the tenant's
-rate) has run before this response starts, so those are still HTTP errors; a failure after it
-started (a note's engine request) is an error event, as in any stream. A client that leaves
-cancels the notes still running."""
+Everything that can refuse the request (the document, the passages' choice, the tenant's rate)
+has run before this response starts, so those are still HTTP errors; a failure after it
+started (a passage's engine request) is an error event, as in any stream. A client that leaves
+cancels the passages still being read."""
 
 import asyncio
 import logging
@@ -18,31 +19,33 @@ from services.gateway.responses import sse
 log = logging.getLogger(__name__)
 
 
-def progress_stream(passages_read: list[dict], read_notes, answer) -> StreamingResponse:
-    """`read_notes(noted)` takes every note, calling `noted(passage)` after each; `answer()` then
-    returns the answer's StreamingResponse."""
-    return StreamingResponse(_events(passages_read, read_notes, answer), media_type="text/event-stream",
+def progress_stream(opening: dict, read, ending) -> StreamingResponse:
+    """`opening` is the first event; `read(progress)` reads the passages, calling
+    `progress(event)` with an event as each is read; `ending()` then returns the server-sent
+    events that end the stream (an async iterable)."""
+    return StreamingResponse(_events(opening, read, ending), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def _events(passages_read: list[dict], read_notes, answer):
-    yield sse({"object": "document.passages", "passages_read": passages_read})
-    noted: asyncio.Queue = asyncio.Queue()
-    notes = asyncio.create_task(read_notes(noted.put_nowait))
-    done = 0
+def progress_event(done: int, of: int, passage, **more) -> dict:
+    """The event of the `done`-th passage read of `of`."""
+    return {"object": "document.progress", "read": done, "of": of, "passage": passage.citation(), **more}
+
+
+async def _events(opening: dict, read, ending):
+    yield sse(opening)
+    progress: asyncio.Queue = asyncio.Queue()
+    reading = asyncio.create_task(read(progress.put_nowait))
     try:
-        while not (notes.done() and noted.empty()):
-            waiting = asyncio.create_task(noted.get())
-            await asyncio.wait({notes, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        while not (reading.done() and progress.empty()):
+            waiting = asyncio.create_task(progress.get())
+            await asyncio.wait({reading, waiting}, return_when=asyncio.FIRST_COMPLETED)
             if not waiting.done():
                 waiting.cancel()
                 continue
-            passage = waiting.result()
-            done += 1
-            yield sse({"object": "document.progress", "read": done, "of": len(passages_read),
-                       "passage": passage.citation(), "bears_on_question": passage.relevant})
-        notes.result()  # raises the notes' failure
-        response = await answer()
+            yield sse(waiting.result())
+        reading.result()  # raises the reading's failure
+        events = await ending()
     except OpenAIError as error:
         yield sse(error.body())
         return
@@ -52,7 +55,7 @@ async def _events(passages_read: list[dict], read_notes, answer):
         yield sse(internal_error(500, "the gateway failed on this request", "internal_error", request_id).body())
         return
     finally:
-        if not notes.done():  # the client left
-            notes.cancel()
-    async for event in response.body_iterator:
+        if not reading.done():  # the client left
+            reading.cancel()
+    async for event in events:
         yield event

@@ -3,13 +3,14 @@ them, reduce the notes into one answer, and cite the passages it drew on.
 
 The prompts, the passages' choice, the citation choice, the bound on passages per question and
 what a question may cost are pure functions; `take_notes` runs the map requests concurrently, a bounded number at
-a time, and when one fails stops the others (their engine requests are cancelled) before the
-error is answered.
+a time (`all_bounded`, which the extraction's requests share), and when one fails stops the
+others (their engine requests are cancelled) before the error is answered.
 """
 
 import asyncio
+import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from services.gateway.errors import OpenAIError, invalid_request
 from services.gateway.passage_ranker import rank
@@ -41,20 +42,32 @@ class Passage:
         return {"index": self.index, "anchor": self.anchor, "start_char": self.start_char, "end_char": self.end_char}
 
 
+def passages_of(text: str, spans: list[dict]) -> list[Passage]:
+    """The document's passages (1-based, as the prompts and citations number them)."""
+    return [Passage(s["index"] + 1, s["anchor"], s["start_char"], s["end_char"], text[s["start_char"]:s["end_char"]])
+            for s in spans]
+
+
 # the prompts call a passage a "part", the plain word for the model. Everything that depends
 # only on the document comes before the question, so that every later question about the same
 # document finds each part's KV in an engine's prefix cache and computes only its own tokens.
-def map_messages(question: str, passage: Passage) -> list[dict]:
+def passage_messages(passage: Passage, task: str) -> list[dict]:
+    """The passage, then what to do with it: the prompt of every request that reads one passage
+    (a question's note, a field's extraction, the warming of its KV), so that all of them share
+    the passage's KV."""
     opening = f" (it opens at {passage.anchor})" if passage.anchor else ""
     return [
         {"role": "system", "content": "You read one part of a long document and note only what in it bears on a question."},
-        {"role": "user", "content": (
-            f"Part {passage.index} of the document{opening}:\n{passage.text}\n\n"
-            f"Question: {question}\n\n"
-            f"Quote or summarise what in this part bears on the question, naming its clause or article. "
-            f"If nothing in it does, answer exactly {NOTHING}."
-        )},
+        {"role": "user", "content": f"Part {passage.index} of the document{opening}:\n{passage.text}\n\n{task}"},
     ]
+
+
+def map_messages(question: str, passage: Passage) -> list[dict]:
+    return passage_messages(passage, (
+        f"Question: {question}\n\n"
+        f"Quote or summarise what in this part bears on the question, naming its clause or article. "
+        f"If nothing in it does, answer exactly {NOTHING}."
+    ))
 
 
 def reduce_messages(question: str, passages: list[Passage]) -> list[dict]:
@@ -101,24 +114,32 @@ def citations(answer: str, passages: list[Passage]) -> list[dict]:
 async def take_notes(question: str, passages: list[Passage], note, concurrency: int, noted=None) -> list[Passage]:
     """Run `note(messages)` for every passage, at most `concurrency` at once; the passages with
     their notes, in order. `noted(passage)`, if given, is called with each passage and its note as
-    it is taken. The first failure cancels every other note and is raised once they have all
-    stopped."""
-    running = asyncio.Semaphore(concurrency)
+    it is taken. The first failure cancels every other note (all_bounded)."""
 
     async def one(passage: Passage) -> Passage:
-        async with running:
-            text = await note(map_messages(question, passage))
-        taken = Passage(passage.index, passage.anchor, passage.start_char, passage.end_char, passage.text, text)
+        taken = replace(passage, note=await note(map_messages(question, passage)))
         if noted is not None:
             noted(taken)
         return taken
 
-    tasks = [asyncio.create_task(one(p)) for p in passages]
+    return await all_bounded([functools.partial(one, p) for p in passages], concurrency)
+
+
+async def all_bounded(calls: list, concurrency: int) -> list:
+    """Await every `call()`, at most `concurrency` at once; their results, in order. The first
+    failure cancels every other call and is raised once they have all stopped (their engine
+    requests are cancelled)."""
+    running = asyncio.Semaphore(concurrency)
+
+    async def one(call):
+        async with running:
+            return await call()
+
+    tasks = [asyncio.create_task(one(call)) for call in calls]
     try:
-        notes = await asyncio.gather(*tasks)
-    except BaseException:  # a note failed, or this request was cancelled (its client left)
+        return list(await asyncio.gather(*tasks))
+    except BaseException:  # a call failed, or this request was cancelled (its client left)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
-    return list(notes)

@@ -5,8 +5,13 @@ K25 constrains decoding to the schema with llguidance; the keywords below are th
 honours. A keyword outside them would be dropped by the compiler or refused with a message
 that names no place in the request, so it is refused here, with its path."""
 
+import functools
 import json
+from collections.abc import Iterator
 from typing import Any
+
+import jsonschema
+import re2
 
 # keywords that constrain what the answer may be
 CONSTRAINING = frozenset({
@@ -60,6 +65,17 @@ def check_schema(schema: Any) -> None:
         pending.extend(_children(where, node, depth))
 
 
+def subschemas(schema: Any) -> Iterator[tuple[str, Any]]:
+    """Every subschema of one that check_schema accepted, the schema itself first, each with its
+    place ("#/properties/parties/items")."""
+    pending = [("#", schema, 0)]
+    while pending:
+        where, node, depth = pending.pop()
+        yield where, node
+        if isinstance(node, dict):
+            pending.extend(_children(where, node, depth))
+
+
 def _children(where: str, node: dict, depth: int) -> list[tuple[str, Any, int]]:
     unknown = sorted(set(node) - SUPPORTED)
     if unknown:
@@ -88,3 +104,34 @@ def _children(where: str, node: dict, depth: int) -> list[tuple[str, Any, int]]:
 
 def _keywords(names: list[str]) -> str:
     return "the keyword" if len(names) == 1 else "the keywords"
+
+
+# values the gateway checks against a schema (extracted fields) have their patterns run by RE2,
+# in time linear in the value whatever the pattern; a pattern RE2 does not read fails the value
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False
+
+
+@functools.lru_cache(maxsize=256)
+def compiled_pattern(pattern: str):
+    """The pattern compiled by RE2 (its `search` and `finditer` as `re`'s), or None when RE2 does not read it."""
+    try:
+        return re2.compile(pattern, _RE2_OPTIONS)
+    except re2.error:
+        return None
+
+
+def _pattern(validator, pattern, instance, schema):
+    if validator.is_type(instance, "string"):
+        compiled = compiled_pattern(pattern)
+        if compiled is None or not compiled.search(instance):
+            yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+_ValueValidator = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"pattern": _pattern})
+
+
+def value_validator(schema: dict):
+    """A jsonschema validator (Draft 2020-12, llguidance's reading) whose patterns run on RE2.
+    `patternProperties` would still run on Python's `re`: keep it out of what this checks."""
+    return _ValueValidator(schema)

@@ -246,7 +246,7 @@ def test_cached_share_counts_only_what_the_server_reported():
     (["--concurrency-probe", "0"], "--concurrency-probe must be at least 1"),
     (["--qps", "1", "--plot", "/no/such/folder/out.png"], "the folder /no/such/folder does not exist"),
     (["--qps", "1", "--url", "localhost:8000"], "not an http:// or https:// URL"),
-    (["--concurrency-probe", "2", "--documents", "2"], "--documents needs --qps"),
+    (["--concurrency-probe", "2", "--documents", "2"], "--documents and --stored-documents need --qps"),
     (["--qps", "1", "--documents", "2", "--questions", "0"], "must be at least 1"),
     (["--qps", "1", "--cpu-of", "gateway"], "--cpu-of expects NAME=PID"),
     (["--qps", "1", "--cpu-of", "gateway=999999999"], "no process 999999999"),

@@ -173,6 +173,7 @@ def test_api_key_entries_and_tenant_limits_become_a_secret_the_gateway_can_load(
     assert keys.caller_of("k25-test-key-acme").tenant == "acme"
     assert keys.caller_of("k25-test-key-globex").tenant == "globex"
     assert keys.caller_of("k25-test-key-nobody") is None
+    assert keys.caller_of("k25-test-key-compliance").admin and not keys.caller_of("k25-test-key-acme").admin
     assert keys.limits_of("acme") == TenantLimits(max_concurrent_requests=8, tokens_per_minute=200000)
     assert keys.limits_of("globex") is None
     assert hashlib.sha256(b"k25-test-key-acme").hexdigest() in secret["stringData"]["keys.json"]

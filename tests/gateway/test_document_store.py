@@ -4,7 +4,7 @@ other tenants see none of them; the tenant limits; expiry; the keys it leaves be
 import pytest
 import redis
 
-from common.document_keys import document_key, is_document_id, tenant_documents_key
+from common.document_keys import document_key, document_tenants_key, is_document_id, tenant_documents_key
 from services.gateway.document_store import DocumentStore, StoreLimits, TenantLimitReached, new_document_id
 from tests.helpers.redis_server import redis_server  # noqa: F401  (fixture)
 
@@ -84,3 +84,19 @@ def test_the_tenant_s_bytes_are_bounded_counting_text_and_passages(client):
     assert refused.value.limit == "bytes" and refused.value.stored > 900
     assert len(store.list("acme")) == 1  # nothing of the refused document was written
     store.put("acme", meta(), "z" * 500)
+
+
+def test_an_admin_finds_every_tenant_s_documents_and_a_tenant_leaves_with_its_last(client):
+    store = DocumentStore(client, "rel", LIMITS)
+    acme, globex, later = meta(created=2), meta(created=1), meta(created=3)
+    store.put("acme", acme, "a")
+    store.put("globex", globex, "g")
+    store.put("acme", later, "l")
+    assert [(t, m["id"]) for t, m in store.list_every_tenant()] == [
+        ("globex", globex["id"]), ("acme", acme["id"]), ("acme", later["id"])]
+    assert store.tenant_of(acme["id"]) == "acme" and store.tenant_of(globex["id"]) == "globex"
+    assert store.tenant_of(new_document_id()) is None and store.tenant_of("*") is None
+    store.delete("globex", globex["id"])
+    assert client.smembers(document_tenants_key("rel")) == {b"acme"}
+    store.delete("acme", acme["id"])
+    assert client.smembers(document_tenants_key("rel")) == {b"acme"}  # it still stores one

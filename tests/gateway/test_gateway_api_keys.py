@@ -30,6 +30,15 @@ def test_keys_map_to_tenants(tmp_path):
     assert beta.key_id == hashlib.sha256(b"beta-key").hexdigest()
     assert keys.caller_of("alpha-key ") is None
     assert keys.caller_of("") is None
+    assert not alpha.admin and not beta.admin
+
+
+def test_an_admin_key_is_marked_so_and_made_with_admin(tmp_path, capsys):
+    assert main(["api-key", "--tenant", "compliance", "--admin"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    key, entry = lines[0].rsplit(" ", 1)[1], json.loads(lines[-1])
+    assert entry == {"sha256": hash_key(key), "tenant": "compliance", "admin": True}
+    assert ApiKeys.from_file(write(tmp_path, {"keys": [entry]})).caller_of(key).admin
 
 
 def test_the_file_holds_no_key_in_clear(tmp_path, capsys):
@@ -48,6 +57,7 @@ def test_the_file_holds_no_key_in_clear(tmp_path, capsys):
     ({"keys": [{"sha256": "g" * 64, "tenant": "t"}]}, "64 hex digits"),
     ({"keys": [{"sha256": "a" * 64, "tenant": ""}]}, "tenant must be"),
     ({"keys": [{"sha256": "a" * 64, "tenant": "t", "adapters": "legal"}]}, "adapters must be"),
+    ({"keys": [{"sha256": "a" * 64, "tenant": "t", "admin": "yes"}]}, "admin must be true or false"),
     (["a" * 64], "expected"),
     ({"keys": [{"sha256": "a" * 64, "tenant": "t"}], "tenants": []}, "tenants must be an object"),
     ({"keys": [{"sha256": "a" * 64, "tenant": "t"}], "tenants": {"t": {"tokens_per_hour": 5}}}, "only max_concurrent"),

@@ -1,7 +1,7 @@
 """Stored documents through a `k25 up` stack (tiny model, real chunker, its own Redis) with API
-keys of five tenants: upload, read, list and delete by tenant; another tenant's id is a 404;
-the limits answered as OpenAI errors that name them; questions by id read the passages chosen
-for them and say which."""
+keys of six tenants and an admin: upload, read, list and delete by tenant; another tenant's id
+is a 404, except to the admin key, which sees every tenant's; the limits answered as OpenAI
+errors that name them; questions by id read the passages chosen for them and say which."""
 
 import json
 import re
@@ -17,7 +17,7 @@ from tests.helpers.paths import CONTRACTS
 from tests.helpers.up_stack import UP_RELEASE, redis_client
 
 CONTRACT = CONTRACTS / "en_master_services_agreement.txt"
-TENANTS = ("acme", "globex", "few", "small", "thrifty")
+TENANTS = ("acme", "globex", "few", "small", "thrifty", "initech")
 LIMITS = ("--gateway-flag=--max-document-bytes=30000", "--gateway-flag=--max-tenant-documents=2",
           "--gateway-flag=--max-tenant-document-bytes=25000")
 
@@ -28,7 +28,9 @@ pytestmark = pytest.mark.slow
 def stack(tmp_path_factory):
     folder = tmp_path_factory.mktemp("stored-documents")
     keys = folder / "keys.json"
-    keys.write_text(json.dumps({"keys": [{"sha256": hash_key(f"key-{t}"), "tenant": t} for t in TENANTS],
+    entries = [{"sha256": hash_key(f"key-{t}"), "tenant": t} for t in TENANTS]
+    entries.append({"sha256": hash_key("key-admin"), "tenant": "compliance", "admin": True})
+    keys.write_text(json.dumps({"keys": entries,
                                 "tenants": {"thrifty": {"tokens_per_minute": 100}}}))
     service = start_stack(str(folder / "up.log"), "--model", "tiny-random", "--log-dir", str(folder),
                           "--api-keys-file", str(keys), *LIMITS)
@@ -59,6 +61,7 @@ def test_a_document_is_stored_with_its_passages_and_shown_listed_and_deleted_by_
     assert document["passages"] == chunks  # the chunker's passages, kept with their token counts
     assert all(p["tokens"] == p["end_token"] - p["start_token"] > 0 for p in document["passages"])
     assert (document["name"], document["metadata"], document["bytes"]) == ("msa.txt", {"matter": "M-17"}, len(text.encode()))
+    assert document["tenant"] == "acme"
     assert document["object"] == "document" and document["expires_at"] > document["created"]
 
     assert call(stack, "GET", f"/v1/documents/{document['id']}", "acme").json() == document
@@ -84,6 +87,23 @@ def test_another_tenant_s_document_is_a_404_and_absent_from_its_list(stack):
         assert refused.status_code == 404 and refused.json()["error"]["code"] == "document_not_found"
     assert call(stack, "GET", "/v1/documents", "globex").json()["data"] == []
     assert call(stack, "GET", f"/v1/documents/{document['id']}", "acme").status_code == 200
+
+
+def test_an_admin_key_lists_shows_and_deletes_every_tenant_s_documents(stack):
+    mine, theirs = (upload(stack, tenant, f"1.1 Term. {tenant}").json() for tenant in ("initech", "globex"))
+    listed = {d["id"]: d["tenant"] for d in call(stack, "GET", "/v1/documents", "admin").json()["data"]}
+    assert listed[mine["id"]] == "initech" and listed[theirs["id"]] == "globex"
+    assert call(stack, "GET", f"/v1/documents/{theirs['id']}", "admin").json() == theirs
+    deleted = call(stack, "DELETE", f"/v1/documents/{theirs['id']}", "admin")
+    assert deleted.status_code == 200 and call(stack, "GET", f"/v1/documents/{theirs['id']}", "globex").status_code == 404
+    assert not redis_client(stack).exists(document_key(UP_RELEASE, "globex", theirs["id"]))
+    # other keys stay in their tenant, an admin's questions too
+    assert theirs["id"] not in [d["id"] for d in call(stack, "GET", "/v1/documents", "globex").json()["data"]]
+    assert mine["id"] not in [d["id"] for d in call(stack, "GET", "/v1/documents", "globex").json()["data"]]
+    assert call(stack, "GET", f"/v1/documents/{mine['id']}", "globex").status_code == 404
+    ask = {"model": "tiny-random", "document_id": mine["id"], "question": "q", "max_tokens": 2}
+    assert call(stack, "POST", "/v1/documents/ask", "admin", ask).status_code == 404
+    assert call(stack, "GET", f"/v1/documents/{'doc-' + '0' * 24}", "admin").status_code == 404
 
 
 def test_a_question_by_id_reads_the_passages_chosen_for_it_and_says_which(stack):
