@@ -23,6 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from bench.process_cpu import CpuMeter, ProcessGone, parse_cpu_of
+from bench.serve_basics import CannotBenchmark, error_message_of, poisson_times
 from bench.serve_report import report_lines
 from bench.serve_stats import RequestResult, highest_qps_held, max_overlap, summarize
 from bench.serve_structured import add_tool_call_deltas, is_valid, structured_body
@@ -88,18 +89,8 @@ def make_document_workload(send_at_s, documents: int, questions: int, document_t
     return specs
 
 
-def poisson_times(qps: float, count: int, rng: np.random.Generator) -> np.ndarray:
-    """`count` arrival offsets of a Poisson process of rate `qps`, the first at 0."""
-    if qps <= 0 or count < 1:
-        raise ValueError(f"qps must be positive and count at least 1, got {qps} and {count}")
-    return np.concatenate([[0.0], np.cumsum(rng.exponential(1.0 / qps, size=count - 1))])
-
 
 # --- talking to the gateway ---------------------------------------------------------------
-
-class CannotBenchmark(Exception):
-    """The gateway cannot be reached or refuses the workload; the message says why, for the user."""
-
 
 def base_url(url: str) -> str:
     """The gateway's root from what a user may pass: with or without a trailing /v1."""
@@ -130,13 +121,6 @@ async def served_model(client: httpx.AsyncClient, url: str, wanted: str | None) 
     if wanted not in models:
         raise CannotBenchmark(f"the gateway at {url} does not serve the model {wanted!r}; it serves {', '.join(models)}")
     return wanted
-
-
-def error_message_of(content: bytes) -> str:
-    try:
-        return json.loads(content)["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        return content.decode(errors="replace")[:200]
 
 
 async def stream_completion(client: httpx.AsyncClient, url: str, model: str, spec: RequestSpec,

@@ -21,7 +21,7 @@ import httpx
 import numpy as np
 from tqdm import tqdm
 
-from bench.serve import CannotBenchmark, error_message_of, poisson_times
+from bench.serve_basics import CannotBenchmark, error_message_of, poisson_times
 from bench.serve_stats import latency_ms
 
 REVIEW_QUESTIONS = [

@@ -25,7 +25,7 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from typing import Sequence
 
-from services.chunker.anchors import LINE, Anchor
+from common.anchors import LINE, Anchor
 
 MIN_PASSAGE_TOKENS = 16  # room for new text after the largest overlap, even for 4-byte characters
 MAX_PASSAGE_TOKENS = 1 << 20

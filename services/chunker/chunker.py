@@ -4,7 +4,7 @@ the document cut into passages."""
 from dataclasses import dataclass
 
 from common.tokenizer import Tokenizer
-from services.chunker.anchors import find_anchors
+from common.anchors import find_anchors
 from services.chunker.boundaries import ChunkParams, Passage, choose_passages
 
 

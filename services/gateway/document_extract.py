@@ -19,7 +19,7 @@ from opentelemetry import trace
 from pydantic import Field
 
 from proto import k25_pb2
-from services.chunker.anchors import find_anchors
+from common.anchors import find_anchors
 from services.gateway.api_keys import Caller
 from services.gateway.disconnect import unless_client_leaves
 from services.gateway.document_jobs import Usage, document_job

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from services.chunker.anchors import Anchor
+from common.anchors import Anchor
 from services.gateway.documents import NOTE_MARK_TOKENS, PROMPT_TOKENS, Passage, map_messages
 from services.gateway.errors import OpenAIError, invalid_request
 from services.gateway.schema_policy import SchemaRefused, check_schema, subschemas, value_validator
@@ -167,6 +167,6 @@ def citation(passage: Passage, spans: list[tuple[int, int]], anchors: list[Ancho
 
 
 def clause_at(anchors: list[Anchor], char: int) -> str:
-    """The path of the last anchor (services/chunker/anchors.py) at or before `char`."""
+    """The path of the last anchor (common/anchors.py) at or before `char`."""
     at = bisect.bisect_right([a.char for a in anchors], char) - 1
     return anchors[at].path if at >= 0 else ""

@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
-from bench.serve import poisson_times
+from bench.serve_basics import poisson_times
 from bench.serve_documents import REVIEW_QUESTIONS, AskResult, AskSpec, make_ask_workload, questions_for, summarize_asks
 from k25.cli import main
 from tests.helpers.gateway_process import start_stack

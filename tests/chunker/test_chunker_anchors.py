@@ -2,7 +2,7 @@
 
 import pytest
 
-from services.chunker.anchors import (
+from common.anchors import (
     ARTICLE,
     CLAUSE,
     ENUMERATION,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.chunker.anchors import ARTICLE, CLAUSE, HEADING, LINE, PHRASE, SENTENCE, Anchor
+from common.anchors import ARTICLE, CLAUSE, HEADING, LINE, PHRASE, SENTENCE, Anchor
 from services.chunker.boundaries import MAX_PASSAGE_TOKENS, MIN_PASSAGE_TOKENS, ChunkParams, choose_passages
 
 

@@ -14,7 +14,7 @@ import textwrap
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.chunker.anchors import _ends_a_sentence
+from common.anchors import _ends_a_sentence
 from tests.helpers.paths import REPO
 
 # runs of characters that the anchor patterns treat specially, each repeated to a long line
@@ -26,7 +26,7 @@ BOUND_S = 600
 
 CUT_EVERY_RUN = textwrap.dedent(f"""
     from common.tokenizer import load_tokenizer
-    from services.chunker.anchors import find_anchors
+    from common.anchors import find_anchors
     from services.chunker.boundaries import ChunkParams
     from services.chunker.chunker import Chunker
     for run in {RUNS!r}:

@@ -11,7 +11,7 @@ import pytest
 
 from common.constraint_grammar import compile_error, grammar_of, ll_tokenizer_of
 from common.tokenizer import load_tokenizer
-from services.chunker.anchors import find_anchors
+from common.anchors import find_anchors
 from services.gateway.documents import Passage
 from services.gateway.extraction import (
     MAX_FIELDS,
