@@ -1,7 +1,7 @@
 """KV tiers: greedy outputs are the same token for token (fp32) with the tiers on and off, when
 prefix blocks come back from host memory and from disk, across preemptions, mixed adapters and
-an engine restart; a corrupted block file is recomputed, never served; cached_tokens counts
-every tier."""
+an engine restart; a corrupted block file is recomputed, never served, and a disk tier that
+fails mid-run costs hits, not answers; cached_tokens counts every tier."""
 
 import os
 import random
@@ -133,6 +133,23 @@ def test_disk_tier_across_restart_and_a_corrupted_block(tiny_with_adapters, docu
     assert [o.last.usage.cached_tokens > 0 for o in outputs[:4]] == [False, False, True, True]
     assert after.disk.stats.read_errors == 2, "both damaged files were read, refused and dropped"
     after.close()
+
+
+@pytest.mark.slow
+def test_a_disk_tier_that_fails_under_load_costs_hits_never_answers(tiny_with_adapters, documents, reference, tmp_path):
+    """The volume goes away mid-run (as a full or unmounted disk would fail every write and read):
+    the blocks the tier had are recomputed, the new ones are not written, every answer is the same."""
+    import shutil
+
+    model, root = tiny_with_adapters
+    engine = make_engine(model, root, kv_host_tier_gib=host_gib(1), kv_disk_tier_path=str(tmp_path / "tier"))
+    check_same(run(engine, documents), reference)
+    disk = engine.lower_tiers.disk
+    assert len(disk.index) > 0
+    shutil.rmtree(disk.dir)
+    check_same(run(engine, documents), reference)
+    assert disk.stats.read_errors + disk.stats.write_errors > 0, "the failures were met, and survived"
+    engine.lower_tiers.close()
 
 
 def test_a_disk_path_that_cannot_be_written_refuses_to_start(tiny_model, tmp_path):
