@@ -87,6 +87,9 @@ BASES = {
     "/v1/documents": {"text": "Article 1. Scope.", "name": "scope.txt", "metadata": {"matter": "1"}},
     "/v1/documents/ask": {"model": "tiny-random", "document": "Article 1. Scope.", "question": "q", "max_tokens": MAX_TOKENS,
                           "note_max_tokens": MAX_TOKENS},
+    "/v1/documents/extract": {"model": "tiny-random", "document": "Article 1. Scope. French law governs.",
+                              "schema": {"type": "object", "properties": {"law": {"type": "string"}}},
+                              "max_tokens": MAX_TOKENS, "note_max_tokens": MAX_TOKENS},
 }
 # JSON texts: a lone surrogate, numbers no int64 or float64 holds, a list nested deeper than a parser recurses
 HOSTILE = ['"\\ud800"', '"a\\udfffb"', str(2**64), str(-(10**100)), "1e999", "[" * 100_000 + "]" * 100_000]
