@@ -18,6 +18,7 @@ Everywhere else (CUDA, float32, a torch built without oneDNN) it is F.linear on 
 import torch
 import torch.nn.functional as F
 
+from engine.base.cpu_bf16 import onednn_packs_bf16
 from engine.kernels.cpu_build import cpu_kernel
 
 # the row count oneDNN tunes the packed layout for; any other count runs on it as well
@@ -34,13 +35,6 @@ def blocked_kernel(weight: torch.Tensor):
         return None
     kernel = cpu_kernel()
     return kernel.linear_bf16 if kernel is not None and kernel.has_bf16_linear() else None
-
-
-def onednn_packs_bf16() -> bool:
-    """Whether this torch's oneDNN can pack bf16 weights here: it refuses on a CPU without
-    AVX512-BW/VL/DQ or AVX-NE-CONVERT (an AVX2-only CPU), where F.linear on the plain tensor
-    is the fallback."""
-    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def to_blocked(weight: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from engine.quant.kernel_choice import dequantize_first
+from engine.quant.kernel_choice import dequantize_first, dequantized_dtype
 from engine.quant.quantize import INT4_MID, quantize_int4_groups
 
 # the packed layout, as torch 2.13 writes it: tiles of TILE rows (64 on a CPU with AVX512, 32
@@ -77,7 +77,9 @@ class Int4Weight:
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
         if self.can_dequantize and dequantize_first(rows.shape[0], self.width):
-            out = torch.matmul(rows, self.dequantized_tiles(x.dtype)).transpose(0, 1).reshape(rows.shape[0], -1)
+            dtype = dequantized_dtype(x.dtype)
+            tiled = torch.matmul(rows.to(dtype), self.dequantized_tiles(dtype)).to(x.dtype)
+            out = tiled.transpose(0, 1).reshape(rows.shape[0], -1)
         else:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, self.group, self.scale_and_zero)
         out = out.view(*x.shape[:-1], out.shape[-1])

@@ -5,7 +5,7 @@ they are stored)."""
 import torch
 import torch.nn.functional as F
 
-from engine.quant.kernel_choice import dequantize_first
+from engine.quant.kernel_choice import dequantize_first, dequantized_dtype
 from engine.quant.quantize import dequantize_int8_rows, quantize_int8_rows
 
 
@@ -29,7 +29,8 @@ class Int8Weight:
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
         if dequantize_first(rows.shape[0], self.width):
-            out = F.linear(rows, self.dequantized(x.dtype))
+            dtype = dequantized_dtype(x.dtype)
+            out = F.linear(rows.to(dtype), self.dequantized(dtype)).to(x.dtype)
         else:
             out = torch.ops.aten._weight_int8pack_mm(rows, self.codes, self.scale)
         out = out.view(*x.shape[:-1], out.shape[-1])
