@@ -13,6 +13,10 @@ REDIS_URL_KEY = "redis-url"
 # the key of the transport Secret that holds the release's CURVE key (common/zmq_curve.py), which the
 # gateway, the chunker and the engines read as K25_CURVE_SECRET_KEY; the Helm chart makes that Secret
 CURVE_SECRET_KEY_KEY = "curve-secret-key"
+# during a rotation (operators/curve_rotation.py) the same Secret's second key, which processes read as
+# K25_CURVE_SECRET_KEY_NEXT or K25_CURVE_SECRET_KEY_PREVIOUS: the key coming, or the key going
+CURVE_NEXT_KEY_KEY = "curve-secret-key-next"
+CURVE_PREVIOUS_KEY_KEY = "curve-secret-key-previous"
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,9 @@ from collections.abc import Mapping
 
 from common.engine_settings import engine_args as settings_args
 from common.zmq_curve import ENV as CURVE_ENV
-from operators.config import CURVE_SECRET_KEY_KEY, REDIS_URL_KEY, OperatorConfig
+from common.zmq_curve import NEXT_ENV as CURVE_NEXT_ENV
+from common.zmq_curve import PREVIOUS_ENV as CURVE_PREVIOUS_ENV
+from operators.config import CURVE_NEXT_KEY_KEY, CURVE_PREVIOUS_KEY_KEY, CURVE_SECRET_KEY_KEY, REDIS_URL_KEY, OperatorConfig
 from operators.engine_pod import container_resources, spread_over_nodes
 from operators.pool_spec import MODELS_MOUNT, SCRATCH_MOUNT, EnginePoolSpec
 from operators.pool_upgrade import TEMPLATE_HASH, template_hash
@@ -126,7 +128,9 @@ def _claim_volume(name: str, claim: str) -> dict:
 def engine_env(config: OperatorConfig, operator_env: Mapping[str, str]) -> list[dict]:
     """The Redis URL comes from the release's Secret when the operator names one (the URL may
     carry a password), else as the operator's own URL, which then carries none. The CURVE key
-    comes from the release's transport Secret when the operator names one; else there is none."""
+    comes from the release's transport Secret when the operator names one, with a rotation's second
+    key when the Secret holds one (optional references: a Secret without them starts the pod); else
+    there is none."""
     if config.redis_secret is None:
         redis_url = {"name": "K25_REDIS_URL", "value": config.redis_url}
     else:
@@ -137,6 +141,8 @@ def engine_env(config: OperatorConfig, operator_env: Mapping[str, str]) -> list[
     if config.curve_secret is not None:
         env.append({"name": CURVE_ENV,
                     "valueFrom": {"secretKeyRef": {"name": config.curve_secret, "key": CURVE_SECRET_KEY_KEY}}})
+        env.extend({"name": name, "valueFrom": {"secretKeyRef": {"name": config.curve_secret, "key": key, "optional": True}}}
+                   for name, key in ((CURVE_NEXT_ENV, CURVE_NEXT_KEY_KEY), (CURVE_PREVIOUS_ENV, CURVE_PREVIOUS_KEY_KEY)))
     return env + [{"name": name, "value": operator_env[name]} for name in TRACING_ENV if operator_env.get(name)]
 
 

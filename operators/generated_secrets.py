@@ -14,6 +14,7 @@ import kubernetes
 
 from common.zmq_curve import new_secret_key
 from operators.config import CURVE_SECRET_KEY_KEY, REDIS_URL_KEY
+from operators.curve_rotation import rotation_step
 
 REDIS_PASSWORD_KEY = "redis-password"
 PASSWORD_CHARS = 32
@@ -63,3 +64,16 @@ def ensure_secret(core: kubernetes.client.CoreV1Api, namespace: str, name: str, 
             return False
         raise
     return True
+
+
+def rotate_transport_secret(core: kubernetes.client.CoreV1Api, namespace: str, name: str, step: str) -> None:
+    """Take one step of a CURVE key rotation in the Secret (operators/curve_rotation.py; RotationError
+    when it is not where the step starts). The patch names the version read: a change made
+    meanwhile makes it fail (409) rather than be lost."""
+    secret = core.read_namespaced_secret(name, namespace)
+    before = {key: base64.b64decode(value).decode() for key, value in (secret.data or {}).items()}
+    after = rotation_step(before, step, new_secret_key())
+    changes = {key: base64.b64encode(value.encode()).decode() for key, value in after.items() if before.get(key) != value}
+    removed = dict.fromkeys(set(before) - set(after))  # null removes a key in a merge patch
+    core.patch_namespaced_secret(name, namespace, {"metadata": {"resourceVersion": secret.metadata.resource_version},
+                                                   "data": {**changes, **removed}})

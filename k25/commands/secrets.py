@@ -1,8 +1,12 @@
 """`k25 secrets ensure`: create the release's generated Secrets in the cluster when they do not
 exist yet, and keep them when they do (the chart's hook Job with `generatedSecrets: job`, so that
-`helm template` under Argo CD or Flux renders the same manifests every time)."""
+`helm template` under Argo CD or Flux renders the same manifests every time).
+`k25 secrets rotate-curve STEP`: take one step of a CURVE key rotation in the transport Secret
+(operators/curve_rotation.py); roll every pod after each."""
 
 import sys
+
+from operators.curve_rotation import STEPS
 
 
 def register(subparsers) -> None:
@@ -18,6 +22,16 @@ def register(subparsers) -> None:
     ensure.add_argument("--transport-secret", metavar="NAME", help="a Secret with a new CURVE key (curve-secret-key)")
     ensure.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="a label of each Secret made")
     ensure.set_defaults(handler=run_ensure)
+    rotate = actions.add_parser("rotate-curve", help="take one step of a CURVE key rotation in the transport Secret",
+                                description="add-next: add a new key beside the current one; promote: make it "
+                                            "current, keeping the old one admitted; remove-old: drop the old one. "
+                                            "Roll every pod (gateway, chunker, engines) after each step, and take "
+                                            "the next only once the roll has finished.")
+    rotate.add_argument("step", choices=STEPS)
+    rotate.add_argument("--namespace", required=True, help="the release's namespace")
+    rotate.add_argument("--transport-secret", required=True, metavar="NAME",
+                        help="the Secret with the key (the chart's <fullname>-transport, or transport.curve.existingSecret)")
+    rotate.set_defaults(handler=run_rotate_curve)
 
 
 def run_ensure(args) -> int:
@@ -41,4 +55,22 @@ def run_ensure(args) -> int:
                 print(f"k25 secrets ensure: {error}", file=sys.stderr)
                 return 1
             print(f"k25 secrets ensure: {args.namespace}/{name} {'created' if made else 'kept as it was'}")
+    return 0
+
+
+def run_rotate_curve(args) -> int:
+    import kubernetes
+
+    from operators.curve_rotation import RotationError
+    from operators.generated_secrets import rotate_transport_secret
+    from operators.kube import load_client_configuration
+
+    with kubernetes.client.ApiClient(load_client_configuration()) as client:
+        try:
+            rotate_transport_secret(kubernetes.client.CoreV1Api(client), args.namespace, args.transport_secret, args.step)
+        except RotationError as error:
+            print(f"k25 secrets rotate-curve: {args.namespace}/{args.transport_secret}: {error}", file=sys.stderr)
+            return 1
+    print(f"k25 secrets rotate-curve: {args.namespace}/{args.transport_secret}: {args.step} done; now roll every pod "
+          "that reads the key (change transport.curve.rotation and upgrade, or restart them)")
     return 0

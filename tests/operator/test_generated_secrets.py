@@ -59,3 +59,21 @@ async def test_a_secret_without_the_keys_the_release_reads_is_an_error_and_left_
     with pytest.raises(SecretError, match="exists without redis-password, redis-url"):
         await asyncio.to_thread(ensure_secret, core, NS, "k25-redis", lambda: redis_secret_data("h"), {})
     assert kmock.objects[SECRETS, NS, "k25-redis"]["data"] == {"other": "eA=="}
+
+
+async def test_a_curve_rotation_steps_through_the_secret_in_the_cluster(kmock, core):
+    from operators.curve_rotation import RotationError
+    from operators.generated_secrets import rotate_transport_secret
+
+    await asyncio.to_thread(ensure_secret, core, NS, "k25-transport", transport_secret_data, {})
+    old = decoded(kmock, "k25-transport")["curve-secret-key"]
+    await asyncio.to_thread(rotate_transport_secret, core, NS, "k25-transport", "add-next")
+    new = decoded(kmock, "k25-transport")["curve-secret-key-next"]
+    assert decoded(kmock, "k25-transport") == {"curve-secret-key": old, "curve-secret-key-next": new}
+    assert checked_secret_key(new) == new.encode()
+    with pytest.raises(RotationError, match="a rotation is under way"):  # a second add-next changes nothing
+        await asyncio.to_thread(rotate_transport_secret, core, NS, "k25-transport", "add-next")
+    await asyncio.to_thread(rotate_transport_secret, core, NS, "k25-transport", "promote")
+    assert decoded(kmock, "k25-transport") == {"curve-secret-key": new, "curve-secret-key-previous": old}
+    await asyncio.to_thread(rotate_transport_secret, core, NS, "k25-transport", "remove-old")
+    assert decoded(kmock, "k25-transport") == {"curve-secret-key": new}

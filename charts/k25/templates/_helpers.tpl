@@ -110,14 +110,24 @@ Redis, whose key redis-password is its requirepass): one of yours, or the chart'
 {{- end -}}
 
 {{/* The CURVE key as K25_CURVE_SECRET_KEY, which the gateway presents and engines and the
-chunker ask for; nothing when CURVE is off. */}}
+chunker ask for, and a rotation's second key when the Secret holds one (the key coming, or
+the key going: see `k25 secrets rotate-curve`); nothing when CURVE is off. */}}
 {{- define "k25.curveEnv" -}}
 {{- if .Values.transport.curve.enabled -}}
+{{- $secret := include "k25.transportSecret" . -}}
 - name: K25_CURVE_SECRET_KEY
   valueFrom:
     secretKeyRef:
-      name: {{ include "k25.transportSecret" . }}
+      name: {{ $secret }}
       key: curve-secret-key
+{{- range $name, $key := dict "K25_CURVE_SECRET_KEY_NEXT" "curve-secret-key-next" "K25_CURVE_SECRET_KEY_PREVIOUS" "curve-secret-key-previous" }}
+- name: {{ $name }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ $key }}
+      optional: true
+{{- end }}
 {{- end -}}
 {{- end -}}
 
