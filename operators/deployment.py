@@ -20,7 +20,14 @@ from common.engine_settings import engine_args as settings_args
 from common.zmq_curve import ENV as CURVE_ENV
 from common.zmq_curve import NEXT_ENV as CURVE_NEXT_ENV
 from common.zmq_curve import PREVIOUS_ENV as CURVE_PREVIOUS_ENV
-from operators.config import CURVE_NEXT_KEY_KEY, CURVE_PREVIOUS_KEY_KEY, CURVE_SECRET_KEY_KEY, REDIS_URL_KEY, OperatorConfig
+from operators.config import (
+    CURVE_NEXT_KEY_KEY,
+    CURVE_PREVIOUS_KEY_KEY,
+    CURVE_SECRET_KEY_KEY,
+    REDIS_CA_DIR,
+    REDIS_URL_KEY,
+    OperatorConfig,
+)
 from operators.engine_pod import container_resources, spread_over_nodes
 from operators.pool_spec import MODELS_MOUNT, SCRATCH_MOUNT, EnginePoolSpec
 from operators.pool_upgrade import TEMPLATE_HASH, template_hash
@@ -166,6 +173,10 @@ def engine_pod_template(pool: dict, spec: EnginePoolSpec, config: OperatorConfig
     which has neither. `ports`: more ports the container declares."""
     name, release = pool["metadata"]["name"], config.release
     volumes, mounts = volumes_and_mounts(spec, release)
+    if config.redis_ca_secret is not None:  # Redis speaks TLS: its CA, which the engine's URL names
+        volumes.append({"name": "redis-tls", "secret": {"secretName": config.redis_ca_secret,
+                                                        "items": [{"key": "ca.crt", "path": "ca.crt"}]}})
+        mounts.append({"name": "redis-tls", "mountPath": REDIS_CA_DIR, "readOnly": True})
     served = [{"name": "zmq", "containerPort": ZMQ_PORT}, {"name": "metrics", "containerPort": METRICS_PORT}]
     probes = {"startupProbe": STARTUP_PROBE, "livenessProbe": LIVENESS_PROBE, "readinessProbe": READINESS_PROBE}
     container = {

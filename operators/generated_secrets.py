@@ -24,11 +24,14 @@ class SecretError(Exception):
     """A Secret exists under the name but lacks what the release reads from it."""
 
 
-def redis_secret_data(redis_host: str) -> dict[str, str]:
-    """A new password and the URL every part reads (letters and digits: safe in a URL as they are)."""
+def redis_secret_data(redis_host: str, user: str = "", ca_file: str | None = None) -> dict[str, str]:
+    """A new password and the URL a part reads (letters and digits: safe in a URL as they are), for
+    `user` (the default user when empty); with `ca_file`, a TLS URL that checks Redis' certificate
+    against that CA (the chart's k25.bundledRedisUrl makes the same)."""
     password = "".join(secrets.choice("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
                        for _ in range(PASSWORD_CHARS))
-    return {REDIS_PASSWORD_KEY: password, REDIS_URL_KEY: f"redis://:{password}@{redis_host}:6379/0"}
+    scheme, query = ("rediss", f"?ssl_ca_certs={ca_file}") if ca_file else ("redis", "")
+    return {REDIS_PASSWORD_KEY: password, REDIS_URL_KEY: f"{scheme}://{user}:{password}@{redis_host}:6379/0{query}"}
 
 
 def transport_secret_data() -> dict[str, str]:

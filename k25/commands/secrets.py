@@ -4,6 +4,7 @@ exist yet, and keep them when they do (the chart's hook Job with `generatedSecre
 `k25 secrets rotate-curve STEP`: take one step of a CURVE key rotation in the transport Secret
 (operators/curve_rotation.py); roll every pod after each."""
 
+import functools
 import sys
 
 from operators.curve_rotation import STEPS
@@ -18,7 +19,12 @@ def register(subparsers) -> None:
     ensure.add_argument("--redis-secret", metavar="NAME",
                         help="a Secret with a new Redis password (redis-password) and the URL of REDIS_HOST with it "
                              "(redis-url)")
-    ensure.add_argument("--redis-host", metavar="HOST", help="the chart's Redis Service, for the URL")
+    ensure.add_argument("--redis-user-secret", action="append", default=[], metavar="USER=NAME",
+                        help="a Secret with a new password for the Redis user USER and the URL of REDIS_HOST as that user "
+                             "(repeatable: one per part)")
+    ensure.add_argument("--redis-host", metavar="HOST", help="the chart's Redis Service, for the URLs")
+    ensure.add_argument("--redis-ca", metavar="FILE",
+                        help="Redis speaks TLS: the URLs are rediss:// and check its certificate against this CA file")
     ensure.add_argument("--transport-secret", metavar="NAME", help="a Secret with a new CURVE key (curve-secret-key)")
     ensure.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="a label of each Secret made")
     ensure.set_defaults(handler=run_ensure)
@@ -40,12 +46,18 @@ def run_ensure(args) -> int:
     from operators.generated_secrets import SecretError, ensure_secret, redis_secret_data, transport_secret_data
     from operators.kube import load_client_configuration
 
-    if args.redis_secret and not args.redis_host:
-        print("k25 secrets ensure: --redis-secret needs --redis-host (the URL names it)", file=sys.stderr)
+    if (args.redis_secret or args.redis_user_secret) and not args.redis_host:
+        print("k25 secrets ensure: --redis-secret and --redis-user-secret need --redis-host (the URL names it)",
+              file=sys.stderr)
+        return 2
+    users = [entry.partition("=")[::2] for entry in args.redis_user_secret]
+    if not all(user and name for user, name in users):
+        print("k25 secrets ensure: --redis-user-secret takes USER=NAME", file=sys.stderr)
         return 2
     labels = dict(label.partition("=")[::2] for label in args.label)
-    wanted = [(name, make) for name, make in ((args.redis_secret, lambda: redis_secret_data(args.redis_host)),
+    wanted = [(name, make) for name, make in ((args.redis_secret, lambda: redis_secret_data(args.redis_host, "", args.redis_ca)),
                                               (args.transport_secret, transport_secret_data)) if name]
+    wanted += [(name, functools.partial(redis_secret_data, args.redis_host, user, args.redis_ca)) for user, name in users]
     with kubernetes.client.ApiClient(load_client_configuration()) as client:
         core = kubernetes.client.CoreV1Api(client)
         for name, make in wanted:

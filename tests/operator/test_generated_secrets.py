@@ -77,3 +77,16 @@ async def test_a_curve_rotation_steps_through_the_secret_in_the_cluster(kmock, c
     assert decoded(kmock, "k25-transport") == {"curve-secret-key": new, "curve-secret-key-previous": old}
     await asyncio.to_thread(rotate_transport_secret, core, NS, "k25-transport", "remove-old")
     assert decoded(kmock, "k25-transport") == {"curve-secret-key": new}
+
+
+@pytest.mark.parametrize(("argv", "problem"), [
+    (["--redis-user-secret", "engine=k25-redis-engine"], "need --redis-host"),
+    (["--redis-user-secret", "engine", "--redis-host", "k25-redis"], "takes USER=NAME"),
+    (["--redis-user-secret", "=k25-redis-engine", "--redis-host", "k25-redis"], "takes USER=NAME"),
+])
+async def test_ensure_refuses_a_user_secret_it_cannot_make(argv, problem, capsys):
+    from k25.cli import build_parser
+
+    args = build_parser().parse_args(["secrets", "ensure", "--namespace", NS, *argv])
+    assert args.handler(args) == 2
+    assert problem in capsys.readouterr().err
