@@ -11,7 +11,7 @@ from operators.curve_rotation import STEPS
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("secrets", help="create the release's generated Secrets in the cluster if absent",
+    parser = subparsers.add_parser("secrets", help="the release's generated Secrets: make them if absent; rotate the CURVE key",
                                    description=__doc__)
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     ensure = actions.add_parser("ensure", help="create each named Secret that does not exist; keep the others")
