@@ -30,8 +30,26 @@ def redis_secret_data(redis_host: str, user: str = "", ca_file: str | None = Non
     against that CA (the chart's k25.bundledRedisUrl makes the same)."""
     password = "".join(secrets.choice("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
                        for _ in range(PASSWORD_CHARS))
+    return {REDIS_PASSWORD_KEY: password, REDIS_URL_KEY: redis_url(redis_host, user, password, ca_file)}
+
+
+def redis_url(redis_host: str, user: str, password: str, ca_file: str | None) -> str:
     scheme, query = ("rediss", f"?ssl_ca_certs={ca_file}") if ca_file else ("redis", "")
-    return {REDIS_PASSWORD_KEY: password, REDIS_URL_KEY: f"{scheme}://{user}:{password}@{redis_host}:6379/0{query}"}
+    return f"{scheme}://{user}:{password}@{redis_host}:6379/0{query}"
+
+
+def refresh_redis_url(core: kubernetes.client.CoreV1Api, namespace: str, name: str, redis_host: str, user: str,
+                      ca_file: str | None) -> bool:
+    """Point a kept Redis Secret's URL at how Redis is reached now (TLS turned on or off), with the
+    password it holds (True when it changed). The patch names the version read."""
+    secret = core.read_namespaced_secret(name, namespace)
+    data = {key: base64.b64decode(value).decode() for key, value in (secret.data or {}).items()}
+    wanted = redis_url(redis_host, user, data[REDIS_PASSWORD_KEY], ca_file)
+    if data.get(REDIS_URL_KEY) == wanted:
+        return False
+    core.patch_namespaced_secret(name, namespace, {"metadata": {"resourceVersion": secret.metadata.resource_version},
+                                                   "data": {REDIS_URL_KEY: base64.b64encode(wanted.encode()).decode()}})
+    return True
 
 
 def transport_secret_data() -> dict[str, str]:

@@ -14,7 +14,8 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("secrets", help="the release's generated Secrets: make them if absent; rotate the CURVE key",
                                    description=__doc__)
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    ensure = actions.add_parser("ensure", help="create each named Secret that does not exist; keep the others")
+    ensure = actions.add_parser("ensure", help="create each named Secret that does not exist; keep the others (a "
+                                               "Redis Secret's URL follows --redis-ca, its password stays)")
     ensure.add_argument("--namespace", required=True, help="where the Secrets live (the release's namespace)")
     ensure.add_argument("--redis-secret", metavar="NAME",
                         help="a Secret with a new Redis password (redis-password) and the URL of REDIS_HOST with it "
@@ -43,7 +44,13 @@ def register(subparsers) -> None:
 def run_ensure(args) -> int:
     import kubernetes
 
-    from operators.generated_secrets import SecretError, ensure_secret, redis_secret_data, transport_secret_data
+    from operators.generated_secrets import (
+        SecretError,
+        ensure_secret,
+        redis_secret_data,
+        refresh_redis_url,
+        transport_secret_data,
+    )
     from operators.kube import load_client_configuration
 
     if (args.redis_secret or args.redis_user_secret) and not args.redis_host:
@@ -55,18 +62,24 @@ def run_ensure(args) -> int:
         print("k25 secrets ensure: --redis-user-secret takes USER=NAME", file=sys.stderr)
         return 2
     labels = dict(label.partition("=")[::2] for label in args.label)
-    wanted = [(name, make) for name, make in ((args.redis_secret, lambda: redis_secret_data(args.redis_host, "", args.redis_ca)),
-                                              (args.transport_secret, transport_secret_data)) if name]
-    wanted += [(name, functools.partial(redis_secret_data, args.redis_host, user, args.redis_ca)) for user, name in users]
+    # (name, what it is made of, the Redis user whose URL it holds; None: not a Redis Secret)
+    wanted = [(args.redis_secret, functools.partial(redis_secret_data, args.redis_host, "", args.redis_ca), ""),
+              (args.transport_secret, transport_secret_data, None)]
+    wanted += [(name, functools.partial(redis_secret_data, args.redis_host, user, args.redis_ca), user)
+               for user, name in users]
     with kubernetes.client.ApiClient(load_client_configuration()) as client:
         core = kubernetes.client.CoreV1Api(client)
-        for name, make in wanted:
+        for name, make, user in (entry for entry in wanted if entry[0]):
             try:
                 made = ensure_secret(core, args.namespace, name, make, labels)
             except SecretError as error:
                 print(f"k25 secrets ensure: {error}", file=sys.stderr)
                 return 1
-            print(f"k25 secrets ensure: {args.namespace}/{name} {'created' if made else 'kept as it was'}")
+            # a kept Redis Secret keeps its password; its URL follows redis.tls
+            moved = not made and user is not None and refresh_redis_url(core, args.namespace, name, args.redis_host,
+                                                                         user, args.redis_ca)
+            done = "created" if made else "kept, its URL pointed at how Redis is reached now" if moved else "kept as it was"
+            print(f"k25 secrets ensure: {args.namespace}/{name} {done}")
     return 0
 
 

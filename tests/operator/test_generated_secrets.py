@@ -90,3 +90,18 @@ async def test_ensure_refuses_a_user_secret_it_cannot_make(argv, problem, capsys
     args = build_parser().parse_args(["secrets", "ensure", "--namespace", NS, *argv])
     assert args.handler(args) == 2
     assert problem in capsys.readouterr().err
+
+
+async def test_a_kept_redis_secret_keeps_its_password_and_its_url_follows_tls(kmock, core):
+    from operators.generated_secrets import refresh_redis_url
+
+    make = lambda: redis_secret_data("k25-redis", "engine")
+    await asyncio.to_thread(ensure_secret, core, NS, "k25-redis-engine", make, {})
+    before = decoded(kmock, "k25-redis-engine")
+    assert not await asyncio.to_thread(refresh_redis_url, core, NS, "k25-redis-engine", "k25-redis", "engine", None)
+    assert decoded(kmock, "k25-redis-engine") == before
+    ca = "/etc/k25/redis-tls/ca.crt"
+    assert await asyncio.to_thread(refresh_redis_url, core, NS, "k25-redis-engine", "k25-redis", "engine", ca)
+    after = decoded(kmock, "k25-redis-engine")
+    assert after == {"redis-password": before["redis-password"],
+                     "redis-url": f"rediss://engine:{before['redis-password']}@k25-redis:6379/0?ssl_ca_certs={ca}"}
