@@ -4,7 +4,7 @@ when the release has a CURVE key, authentication."""
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
-from common.zmq_curve import admit_key_holders, make_server
+from common.zmq_curve import CurveKeys, admit_key_holders, make_server
 
 # the longest frame a K25 server takes by default: a long-document prompt is a few MiB of token ids
 DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
@@ -16,11 +16,11 @@ def tcp_endpoint(host: str, port: int) -> str:
 
 
 def bind_router(context: zmq.Context, host: str, port: int, sndhwm: int, rcvhwm: int, linger_ms: int,
-                options: dict[int, int] | None = None, curve_secret_key: bytes | None = None,
+                options: dict[int, int] | None = None, curve_secret_key: CurveKeys | bytes | None = None,
                 ) -> tuple[zmq.Socket, int, ThreadAuthenticator | None]:
     """A ROUTER bound to tcp://host:port (port 0: any free one; host an IPv4 or IPv6 address, or
     * for every IPv4 interface); returns it, its port and, with a CURVE key, the ZAP handler
-    that admits only the key's holders (stop it after closing the socket, before terminating
+    that admits only the holders of its keys (stop it after closing the socket, before terminating
     the context). A failed bind closes all three before it raises."""
     authenticator = admit_key_holders(context, curve_secret_key) if curve_secret_key else None
     socket = context.socket(zmq.ROUTER)

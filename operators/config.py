@@ -13,6 +13,13 @@ REDIS_URL_KEY = "redis-url"
 # the key of the transport Secret that holds the release's CURVE key (common/zmq_curve.py), which the
 # gateway, the chunker and the engines read as K25_CURVE_SECRET_KEY; the Helm chart makes that Secret
 CURVE_SECRET_KEY_KEY = "curve-secret-key"
+# during a rotation (operators/curve_rotation.py) the same Secret's second key, which processes read as
+# K25_CURVE_SECRET_KEY_NEXT or K25_CURVE_SECRET_KEY_PREVIOUS: the key coming, or the key going
+CURVE_NEXT_KEY_KEY = "curve-secret-key-next"
+CURVE_PREVIOUS_KEY_KEY = "curve-secret-key-previous"
+# where the engines find the CA of a Redis that speaks TLS (the chart's redis.tls): the key ca.crt of
+# the Secret named by redis_ca_secret, which their URL's ssl_ca_certs names
+REDIS_CA_DIR = "/etc/k25/redis-tls"
 
 
 @dataclass(frozen=True)
@@ -25,6 +32,8 @@ class OperatorConfig:
     # the Secret (key CURVE_SECRET_KEY_KEY) that the engines read their CURVE key from; None: CURVE
     # off, the engines admit any peer
     curve_secret: str | None = None
+    # the Secret whose key ca.crt the engines mount at REDIS_CA_DIR; None: no CA mounted
+    redis_ca_secret: str | None = None
     interval_s: float = 5.0  # between autoscaling decisions
     qps_window_s: int = 10  # QPS is the mean over this many complete seconds
     foreign_recheck_s: float = 30.0  # how often to look whether a foreign workload has gone, or the LWS API come

@@ -18,7 +18,16 @@ from collections.abc import Mapping
 
 from common.engine_settings import engine_args as settings_args
 from common.zmq_curve import ENV as CURVE_ENV
-from operators.config import CURVE_SECRET_KEY_KEY, REDIS_URL_KEY, OperatorConfig
+from common.zmq_curve import NEXT_ENV as CURVE_NEXT_ENV
+from common.zmq_curve import PREVIOUS_ENV as CURVE_PREVIOUS_ENV
+from operators.config import (
+    CURVE_NEXT_KEY_KEY,
+    CURVE_PREVIOUS_KEY_KEY,
+    CURVE_SECRET_KEY_KEY,
+    REDIS_CA_DIR,
+    REDIS_URL_KEY,
+    OperatorConfig,
+)
 from operators.engine_pod import container_resources, spread_over_nodes
 from operators.pool_spec import MODELS_MOUNT, SCRATCH_MOUNT, EnginePoolSpec
 from operators.pool_upgrade import TEMPLATE_HASH, template_hash
@@ -126,7 +135,9 @@ def _claim_volume(name: str, claim: str) -> dict:
 def engine_env(config: OperatorConfig, operator_env: Mapping[str, str]) -> list[dict]:
     """The Redis URL comes from the release's Secret when the operator names one (the URL may
     carry a password), else as the operator's own URL, which then carries none. The CURVE key
-    comes from the release's transport Secret when the operator names one; else there is none."""
+    comes from the release's transport Secret when the operator names one, with a rotation's second
+    key when the Secret holds one (optional references: a Secret without them starts the pod); else
+    there is none."""
     if config.redis_secret is None:
         redis_url = {"name": "K25_REDIS_URL", "value": config.redis_url}
     else:
@@ -137,6 +148,8 @@ def engine_env(config: OperatorConfig, operator_env: Mapping[str, str]) -> list[
     if config.curve_secret is not None:
         env.append({"name": CURVE_ENV,
                     "valueFrom": {"secretKeyRef": {"name": config.curve_secret, "key": CURVE_SECRET_KEY_KEY}}})
+        env.extend({"name": name, "valueFrom": {"secretKeyRef": {"name": config.curve_secret, "key": key, "optional": True}}}
+                   for name, key in ((CURVE_NEXT_ENV, CURVE_NEXT_KEY_KEY), (CURVE_PREVIOUS_ENV, CURVE_PREVIOUS_KEY_KEY)))
     return env + [{"name": name, "value": operator_env[name]} for name in TRACING_ENV if operator_env.get(name)]
 
 
@@ -160,6 +173,10 @@ def engine_pod_template(pool: dict, spec: EnginePoolSpec, config: OperatorConfig
     which has neither. `ports`: more ports the container declares."""
     name, release = pool["metadata"]["name"], config.release
     volumes, mounts = volumes_and_mounts(spec, release)
+    if config.redis_ca_secret is not None:  # Redis speaks TLS: its CA, which the engine's URL names
+        volumes.append({"name": "redis-tls", "secret": {"secretName": config.redis_ca_secret,
+                                                        "items": [{"key": "ca.crt", "path": "ca.crt"}]}})
+        mounts.append({"name": "redis-tls", "mountPath": REDIS_CA_DIR, "readOnly": True})
     served = [{"name": "zmq", "containerPort": ZMQ_PORT}, {"name": "metrics", "containerPort": METRICS_PORT}]
     probes = {"startupProbe": STARTUP_PROBE, "livenessProbe": LIVENESS_PROBE, "readinessProbe": READINESS_PROBE}
     container = {

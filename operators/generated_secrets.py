@@ -14,6 +14,7 @@ import kubernetes
 
 from common.zmq_curve import new_secret_key
 from operators.config import CURVE_SECRET_KEY_KEY, REDIS_URL_KEY
+from operators.curve_rotation import rotation_step
 
 REDIS_PASSWORD_KEY = "redis-password"
 PASSWORD_CHARS = 32
@@ -23,11 +24,32 @@ class SecretError(Exception):
     """A Secret exists under the name but lacks what the release reads from it."""
 
 
-def redis_secret_data(redis_host: str) -> dict[str, str]:
-    """A new password and the URL every part reads (letters and digits: safe in a URL as they are)."""
+def redis_secret_data(redis_host: str, user: str = "", ca_file: str | None = None) -> dict[str, str]:
+    """A new password and the URL a part reads (letters and digits: safe in a URL as they are), for
+    `user` (the default user when empty); with `ca_file`, a TLS URL that checks Redis' certificate
+    against that CA (the chart's k25.bundledRedisUrl makes the same)."""
     password = "".join(secrets.choice("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
                        for _ in range(PASSWORD_CHARS))
-    return {REDIS_PASSWORD_KEY: password, REDIS_URL_KEY: f"redis://:{password}@{redis_host}:6379/0"}
+    return {REDIS_PASSWORD_KEY: password, REDIS_URL_KEY: redis_url(redis_host, user, password, ca_file)}
+
+
+def redis_url(redis_host: str, user: str, password: str, ca_file: str | None) -> str:
+    scheme, query = ("rediss", f"?ssl_ca_certs={ca_file}") if ca_file else ("redis", "")
+    return f"{scheme}://{user}:{password}@{redis_host}:6379/0{query}"
+
+
+def refresh_redis_url(core: kubernetes.client.CoreV1Api, namespace: str, name: str, redis_host: str, user: str,
+                      ca_file: str | None) -> bool:
+    """Point a kept Redis Secret's URL at how Redis is reached now (TLS turned on or off), with the
+    password it holds (True when it changed). The patch names the version read."""
+    secret = core.read_namespaced_secret(name, namespace)
+    data = {key: base64.b64decode(value).decode() for key, value in (secret.data or {}).items()}
+    wanted = redis_url(redis_host, user, data[REDIS_PASSWORD_KEY], ca_file)
+    if data.get(REDIS_URL_KEY) == wanted:
+        return False
+    core.patch_namespaced_secret(name, namespace, {"metadata": {"resourceVersion": secret.metadata.resource_version},
+                                                   "data": {REDIS_URL_KEY: base64.b64encode(wanted.encode()).decode()}})
+    return True
 
 
 def transport_secret_data() -> dict[str, str]:
@@ -63,3 +85,16 @@ def ensure_secret(core: kubernetes.client.CoreV1Api, namespace: str, name: str, 
             return False
         raise
     return True
+
+
+def rotate_transport_secret(core: kubernetes.client.CoreV1Api, namespace: str, name: str, step: str) -> None:
+    """Take one step of a CURVE key rotation in the Secret (operators/curve_rotation.py; RotationError
+    when it is not where the step starts). The patch names the version read: a change made
+    meanwhile makes it fail (409) rather than be lost."""
+    secret = core.read_namespaced_secret(name, namespace)
+    before = {key: base64.b64decode(value).decode() for key, value in (secret.data or {}).items()}
+    after = rotation_step(before, step, new_secret_key())
+    changes = {key: base64.b64encode(value.encode()).decode() for key, value in after.items() if before.get(key) != value}
+    removed = dict.fromkeys(set(before) - set(after))  # null removes a key in a merge patch
+    core.patch_namespaced_secret(name, namespace, {"metadata": {"resourceVersion": secret.metadata.resource_version},
+                                                   "data": {**changes, **removed}})

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 import zmq
 
+from common.zmq_curve import CurveKeys
 from common.zmq_router import DEFAULT_MAX_FRAME_BYTES, bind_router, tcp_endpoint
 from engine.base.errors import EngineError, ErrorCode
 from engine.core.contract import EngineBackend
@@ -83,7 +84,7 @@ class ServerSettings:
     port: int = 5555  # 0: any free port (see EngineServer.port)
     bind_host: str = "0.0.0.0"
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES  # longer frames are dropped by ZMQ, their peer disconnected
-    curve_secret_key: bytes | None = None  # the release's CURVE key: only its holders may connect
+    curve_secret_key: CurveKeys | bytes | None = None  # the release's CURVE key(s): only their holders may connect
     sndhwm: int = 5000
     rcvhwm: int = 5000
     linger_ms: int = 1000

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from common.model_source import ModelLoadError
     from common.tokenizer import load_tokenizer
     from common.tracing import setup_tracing
-    from common.zmq_curve import secret_key_from_env
+    from common.zmq_curve import keys_from_env
     from services.chunker.boundaries import ChunkParams
     from services.chunker.chunker import Chunker
     from services.chunker.metrics import ChunkerMetrics
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.stuck_after_s > 0:
             raise ValueError(f"--stuck-after-s must be positive, got {args.stuck_after_s}")
         defaults = ChunkParams(args.passage_tokens, args.overlap_ratio, args.semantic_threshold)
-        curve_secret_key = secret_key_from_env()
+        curve_secret_key = keys_from_env()
         chunker = Chunker(load_tokenizer(args.model))
     except (ValueError, ModelLoadError) as exc:  # CurveKeyError is a ValueError
         print(f"k25 chunker: {exc}", file=sys.stderr)

@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
 
     from common.model_source import ModelLoadError
     from common.tracing import setup_tracing
-    from common.zmq_curve import CurveKeyError, secret_key_from_env
+    from common.zmq_curve import CurveKeyError, keys_from_env
     from engine.base.errors import EngineConfigError
     from engine.model.integrity import parse_model_checksums, verify_model_files
     from engine.serve.heartbeat import Heartbeat, registry_client
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"k25 engine: {problem}", file=sys.stderr)
         return 2
     try:
-        curve_secret_key = secret_key_from_env()
+        curve_secret_key = keys_from_env()
     except CurveKeyError as exc:
         print(f"k25 engine: {exc}", file=sys.stderr)
         return 2

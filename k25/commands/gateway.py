@@ -76,14 +76,14 @@ def run(args) -> int:
     from common.model_source import ModelLoadError
     from common.tokenizer import load_tokenizer
     from common.tracing import setup_tracing
-    from common.zmq_curve import CurveKeyError, secret_key_from_env
+    from common.zmq_curve import CurveKeyError, keys_from_env
     from services.gateway.api_keys import ApiKeysError, ApiKeysFile
     from services.gateway.app import create_app
     from services.gateway.service import Gateway
     from services.gateway.settings import GatewaySettings
 
     try:
-        curve_secret_key = secret_key_from_env()
+        curve_secret_key = keys_from_env()
     except CurveKeyError as exc:
         print(f"k25 gateway: {exc}", file=sys.stderr)
         return 2

@@ -18,6 +18,10 @@ def register(subparsers) -> None:
                         help="the Secret, in each pool's namespace, whose key redis-url the engines read as "
                              "K25_REDIS_URL (default: $K25_REDIS_SECRET); without one they get --redis-url as a "
                              "plain value, which must then carry no password")
+    parser.add_argument("--redis-ca-secret", default=os.environ.get("K25_REDIS_CA_SECRET") or None,
+                        help="the Secret, in each pool's namespace, whose key ca.crt the engines mount where their "
+                             "rediss:// URL's ssl_ca_certs names it (a Redis that speaks TLS; default: "
+                             "$K25_REDIS_CA_SECRET)")
     parser.add_argument("--curve-secret", default=os.environ.get("K25_CURVE_SECRET") or None,
                         help="the Secret, in each pool's namespace, whose key curve-secret-key the engines read as "
                              "K25_CURVE_SECRET_KEY: they then admit only gateways that hold that CURVE key (default: "
@@ -44,7 +48,8 @@ def run(args) -> int:
         raise SystemExit("k25 operator: --interval must be positive")
     try:
         config = OperatorConfig(release=args.release, redis_url=args.redis_url, redis_secret=args.redis_secret,
-                                curve_secret=args.curve_secret, interval_s=args.interval,
+                                curve_secret=args.curve_secret, redis_ca_secret=args.redis_ca_secret,
+                                interval_s=args.interval,
                                 allowed_images=tuple(args.allowed_images))
     except ValueError as error:
         raise SystemExit(f"k25 operator: {error}") from error

@@ -23,6 +23,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from common.tracing import context_from
+from common.zmq_curve import CurveKeys
 from common.zmq_router import bind_router, tcp_endpoint
 from proto import k25_pb2
 from services.chunker.boundaries import ChunkParams
@@ -51,7 +52,7 @@ class ChunkerSettings:
     # a serving loop that has not turned for this long is stuck: /healthz answers 503. An
     # 8 MiB document is cut in seconds; this leaves room for a slow, shared CPU.
     stuck_after_s: float = 120.0
-    curve_secret_key: bytes | None = None  # the release's CURVE key: only its holders may connect
+    curve_secret_key: CurveKeys | bytes | None = None  # the release's CURVE key(s): only their holders may connect
     defaults: ChunkParams = field(default_factory=ChunkParams)
 
     @property

@@ -23,8 +23,9 @@ import uuid
 import zmq
 import zmq.asyncio
 from google.protobuf.message import DecodeError
+from zmq.utils.monitor import parse_monitor_message
 
-from common.zmq_curve import make_client
+from common.zmq_curve import CurveKeys, ServerKeyChoice, make_client
 from proto import k25_pb2
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ class ChunkerError(Exception):
 
 class ChunkerClient:
     def __init__(self, address: str, timeout_s: float = 30.0, sndhwm: int = 5000, rcvhwm: int = 5000,
-                 curve_secret_key: bytes | None = None):
+                 curve_secret_key: CurveKeys | bytes | None = None):
         self.address = address
         self.timeout_s = timeout_s
         self._context = zmq.asyncio.Context()
@@ -49,11 +50,19 @@ class ChunkerClient:
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.SNDHWM, sndhwm)
         self._socket.setsockopt(zmq.RCVHWM, rcvhwm)
-        if curve_secret_key:
-            make_client(self._socket, curve_secret_key)
+        self._server_keys = ServerKeyChoice(curve_secret_key) if curve_secret_key else None
+        self._monitor = None
+        if self._server_keys:
+            make_client(self._socket, curve_secret_key, self._server_keys.server_public_key)
+            if len(self._server_keys.candidates) > 1:
+                # a CURVE rotation: a chunker may hold either key, and a failed handshake tries the
+                # other; only a finished handshake takes messages, so none waits on a dead attempt
+                self._socket.setsockopt(zmq.IMMEDIATE, 1)
+                self._monitor = self._socket.get_monitor_socket(ServerKeyChoice.EVENTS)
         self._socket.connect(address)
         self._pending: dict[str, asyncio.Future] = {}
         self._reader: asyncio.Task | None = None
+        self._watcher: asyncio.Task | None = None
 
     async def chunk(
         self, text: str, passage_tokens: int = 0, overlap_ratio: float | None = None,
@@ -62,6 +71,8 @@ class ChunkerClient:
         """The document cut into passages by the chunker; 0 or None parameters take the service's defaults."""
         if self._reader is None or self._reader.done():
             self._reader = asyncio.create_task(self._read())
+        if self._monitor is not None and (self._watcher is None or self._watcher.done()):
+            self._watcher = asyncio.create_task(self._watch_handshakes())
         request_id = uuid.uuid4().hex
         request = k25_pb2.ChunkRequest(
             request_id=request_id, text=text, chunk_size=passage_tokens, overlap_ratio=overlap_ratio,
@@ -99,10 +110,21 @@ class ChunkerClient:
             if answer is not None and not answer.done():
                 answer.set_result(response)
 
+    async def _watch_handshakes(self) -> None:
+        while True:
+            event = parse_monitor_message(await self._monitor.recv_multipart())["event"]
+            if self._server_keys.switch(self._socket, self.address, event):
+                log.info("the chunker at %s refused the CURVE handshake: dialling it with the rotation's other key",
+                         self.address)
+
     def close(self) -> None:
         """Fail what is still waiting with CANCELLED and close the socket."""
-        if self._reader is not None:
-            self._reader.cancel()
+        for task in (self._reader, self._watcher):
+            if task is not None:
+                task.cancel()
+        if self._monitor is not None:
+            self._socket.disable_monitor()
+            self._monitor.close(linger=0)
         for answer in self._pending.values():
             if not answer.done():
                 answer.set_exception(ChunkerError("CANCELLED", "the chunker client was closed"))

@@ -19,7 +19,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from common.zmq_curve import make_client
+from common.zmq_curve import CurveKeys, ServerKeyChoice, make_client
 from proto import k25_pb2
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class EngineStream:
 
 class EngineConnection:
     def __init__(self, context: zmq.asyncio.Context, address: str, sndhwm: int, rcvhwm: int, linger_ms: int,
-                 curve_secret_key: bytes | None = None):
+                 curve_secret_key: CurveKeys | bytes | None = None):
         self.address = address
         self.streams: dict[str, EngineStream] = {}
         self.connected = asyncio.Event()
@@ -80,9 +80,12 @@ class EngineConnection:
         self.socket.setsockopt(zmq.HEARTBEAT_IVL, 1000)
         self.socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
         self.socket.setsockopt(zmq.RECONNECT_IVL, 200)
-        if curve_secret_key:
-            make_client(self.socket, curve_secret_key)
-        self._monitor = self.socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        # during a CURVE rotation the engine may hold either key: a failed handshake tries the other
+        self._server_keys = ServerKeyChoice(curve_secret_key) if curve_secret_key else None
+        if self._server_keys:
+            make_client(self.socket, curve_secret_key, self._server_keys.server_public_key)
+        self._monitor = self.socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+                                                       | ServerKeyChoice.EVENTS)
         self.socket.connect(f"tcp://{address}")
         self._tasks = [asyncio.create_task(self._pump())]
 
@@ -191,7 +194,9 @@ class EngineConnection:
             log.warning("engine %s: %s", self.address, message.error.message)
 
     def _handle_event(self, event: dict) -> None:
-        if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+        if self._server_keys and self._server_keys.switch(self.socket, f"tcp://{self.address}", event["event"]):
+            log.info("engine %s refused the CURVE handshake: dialling it with the rotation's other key", self.address)
+        elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self.connected.set()
         elif event["event"] == zmq.EVENT_DISCONNECTED:
             self.connected.clear()
@@ -215,7 +220,8 @@ class EngineConnection:
 class EngineConnections:
     """A connection per engine address, opened on first use and closed when the engine leaves."""
 
-    def __init__(self, sndhwm: int = 5000, rcvhwm: int = 5000, linger_ms: int = 1000, curve_secret_key: bytes | None = None):
+    def __init__(self, sndhwm: int = 5000, rcvhwm: int = 5000, linger_ms: int = 1000,
+                 curve_secret_key: CurveKeys | bytes | None = None):
         self.context = zmq.asyncio.Context()
         self.sndhwm, self.rcvhwm, self.linger_ms = sndhwm, rcvhwm, linger_ms
         self.curve_secret_key = curve_secret_key

@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass
 
+from common.zmq_curve import CurveKeys
+
 
 @dataclass(frozen=True)
 class GatewaySettings:
@@ -34,7 +36,7 @@ class GatewaySettings:
     zmq_sndhwm: int = 5000
     zmq_rcvhwm: int = 5000
     zmq_linger_ms: int = 1000
-    curve_secret_key: bytes | None = None  # the release's CURVE key, which engines and the chunker ask for
+    curve_secret_key: CurveKeys | bytes | None = None  # the release's CURVE key(s), which engines and the chunker ask for
     # prefix-cache-aware routing: block hashes remembered (about 135-190 bytes each), and whether
     # tenants share cached prompts (False: each tenant's requests carry its name as cache salt)
     prefix_index_max_blocks: int = 262_144

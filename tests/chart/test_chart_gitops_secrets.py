@@ -52,9 +52,12 @@ def test_only_what_is_generated_is_left_to_the_job(tmp_path):
     assert secret_values(objects)[f"{RELEASE}-redis"]["redis-password"] == "given-in-values"
     args = job_args(objects)
     assert args.redis_secret is None and args.transport_secret == f"{RELEASE}-transport"
-    own = rendered_with(JOB + "redis:\n  auth:\n    existingSecret: mine\ntransport:\n  curve:\n    existingSecret: ours\n",
-                        tmp_path)
-    assert not of_kind(own, "Job")
+    own = "redis:\n  auth:\n    existingSecret: mine\ntransport:\n  curve:\n    existingSecret: ours\n"
+    args = job_args(rendered_with(JOB + own, tmp_path))  # the parts' Redis users' Secrets are still generated
+    assert (args.redis_secret, args.transport_secret) == (None, None)
+    assert args.redis_user_secret == [f"{part}={RELEASE}-redis-{part}" for part in ("gateway", "engine", "operator")]
+    users_off = own.replace("redis:\n", "redis:\n  users:\n    enabled: false\n")
+    assert not of_kind(rendered_with(JOB + users_off, tmp_path), "Job")
 
 
 def test_secrets_helm_generated_outlive_a_move_to_the_job(tmp_path):

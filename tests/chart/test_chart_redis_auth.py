@@ -44,15 +44,19 @@ def test_every_process_reads_the_redis_url_from_the_secret_and_no_pod_spec_holds
     secrets = secret_values(objects)
     readers = redis_readers(objects)
     secret = operator_env(objects)["K25_REDIS_SECRET"]  # which the operator hands to the engines
+    # the chart's own Redis: each part its own user's Secret (test_chart_redis_users.py); else one for all
+    own = {f"k25-{part}": f"k25-redis-{part}" for part in ("gateway", "operator")} if of_kind(objects, "StatefulSet") \
+        else {}
     assert {name: url_source(c) for name, c in readers.items()} == {
-        name: {"name": secret, "key": "redis-url"} for name in readers}
+        name: {"name": own.get(name, secret), "key": "redis-url"} for name in readers}
     for name, c in readers.items():
         assert not [a for a in c["args"] if "redis://" in a or "rediss://" in a or a == "--redis-url"], name
     # no URL nor password in any pod spec, as an argument or a plain value
     pods = str([o["spec"]["template"] for o in [*objects, *engine_deployments(objects)]
                 if o["kind"] in ("Deployment", "StatefulSet")])
-    for data in secrets.get(secret, {}).values():
-        assert data not in pods
+    for name in {secret, *own.values()}:
+        for data in secrets.get(name, {}).values():
+            assert data not in pods
 
 
 def test_the_charts_redis_requires_the_password_its_clients_are_given(tmp_path):
@@ -103,7 +107,11 @@ def test_a_password_from_values_is_the_redis_password_and_in_the_url(tmp_path):
 def test_a_secret_of_yours_for_the_charts_redis(tmp_path):
     objects = rendered_with("redis:\n  auth:\n    existingSecret: my-redis\n", tmp_path)
     assert "k25-redis" not in secret_values(objects)
-    assert {url_source(c)["name"] for c in redis_readers(objects).values()} == {"my-redis"}
+    # the parts connect as their own users; yours is the default user's (the probes')
+    assert {url_source(c)["name"] for c in redis_readers(objects).values()} == {
+        "k25-redis-gateway", "k25-redis-operator", "k25-redis-engine"}
+    off = rendered_with("redis:\n  auth:\n    existingSecret: my-redis\n  users:\n    enabled: false\n", tmp_path)
+    assert {url_source(c)["name"] for c in redis_readers(off).values()} == {"my-redis"}
     [statefulset] = of_kind(objects, "StatefulSet")
     env = statefulset["spec"]["template"]["spec"]["containers"][0]["env"]
     assert {"name": "REDISCLI_AUTH", "valueFrom": {"secretKeyRef": {"name": "my-redis", "key": "redis-password"}}} in env

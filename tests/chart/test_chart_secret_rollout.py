@@ -9,7 +9,8 @@ from tests.helpers.helm_chart import engine_deployments, rendered_with, secret_v
 def reads_a_secret(pod_template: dict) -> bool:
     refs = [env.get("valueFrom", {}).get("secretKeyRef", {}).get("name", "")
             for container in pod_template["spec"]["containers"] for env in container.get("env", [])]
-    return any(name.endswith(("-redis", "-transport")) for name in refs)
+    return any(name.endswith(("-redis", "-transport", "-redis-gateway", "-redis-engine", "-redis-operator"))
+               for name in refs)
 
 
 def checksums(objects) -> dict[str, str | None]:

@@ -5,15 +5,15 @@ accept; the chart makes that Secret, or names one of yours; off, no process gets
 import pytest
 import zmq
 
-from common.zmq_curve import ENV, KEY_CHARS, checked_secret_key
+from common.zmq_curve import ENV, KEY_CHARS, NEXT_ENV, PREVIOUS_ENV, checked_secret_key
 from tests.helpers.helm_chart import (
     VALUE_SETS,
     engine_deployments,
     of_kind,
     operator_env,
+    process_containers,
     render_error,
     rendered,
-    process_containers,
     rendered_with,
     secret_values,
     value_set_id,
@@ -80,3 +80,23 @@ def test_off_no_process_gets_a_key_and_the_network_policies_stay(tmp_path):
 ])
 def test_wrong_transport_values_are_refused(values, message, tmp_path):
     assert message in render_error(values, tmp_path)
+
+
+@value_sets
+def test_every_zmq_party_reads_a_rotations_second_key_when_the_secret_holds_one(values):
+    """Optional references: a Secret without a rotation under way starts every pod as before."""
+    objects = rendered(values)
+    for name, container in zmq_containers(objects).items():
+        sources = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if e["name"] in (NEXT_ENV, PREVIOUS_ENV)}
+        assert sources == {NEXT_ENV: {"name": "k25-transport", "key": "curve-secret-key-next", "optional": True},
+                           PREVIOUS_ENV: {"name": "k25-transport", "key": "curve-secret-key-previous", "optional": True}}, name
+
+
+def test_the_rotation_word_rolls_every_pod_that_reads_the_key(tmp_path):
+    from tests.chart.test_chart_secret_rollout import checksums
+
+    before = checksums(rendered_with("redis: {auth: {password: one}}", tmp_path))
+    after = checksums(rendered_with("redis: {auth: {password: one}}\ntransport: {curve: {rotation: add-next}}", tmp_path))
+    readers = {name for name, container in zmq_containers(rendered(None)).items()}
+    assert readers <= set(after)
+    assert all(after[name] != before[name] for name in readers)

@@ -182,8 +182,9 @@ def test_api_key_entries_and_tenant_limits_become_a_secret_the_gateway_can_load(
 def test_without_keys_the_gateway_gets_no_keys_file():
     objects = rendered(None)
     assert "--api-keys-file" not in container(objects, "Deployment", "k25-gateway")["args"]
-    # the Redis credentials and the CURVE key only
-    assert [s["metadata"]["name"] for s in of_kind(objects, "Secret")] == ["k25-redis", "k25-transport"]
+    # the Redis credentials (the default user's and each part's) and the CURVE key only
+    assert sorted(s["metadata"]["name"] for s in of_kind(objects, "Secret")) == [
+        "k25-redis", "k25-redis-engine", "k25-redis-gateway", "k25-redis-operator", "k25-transport"]
 
 
 # --- pools, the operator's pods, and what selects them -----------------------------------------

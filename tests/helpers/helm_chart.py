@@ -103,7 +103,7 @@ def chart_operator_config(objects) -> OperatorConfig:
     with mock.patch.dict(os.environ, operator_env(objects), clear=True):
         parsed = build_parser().parse_args(args[1:])
     return OperatorConfig(release=parsed.release, redis_url=parsed.redis_url, redis_secret=parsed.redis_secret,
-                          curve_secret=parsed.curve_secret)
+                          curve_secret=parsed.curve_secret, redis_ca_secret=parsed.redis_ca_secret)
 
 
 def engine_workloads(objects) -> list[dict]:

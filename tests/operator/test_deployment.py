@@ -82,6 +82,16 @@ def test_the_curve_key_comes_from_the_releases_transport_secret_and_without_one_
     assert "K25_CURVE_SECRET_KEY" not in {e["name"] for e in engine_container()["env"]}  # CURVE off
 
 
+def test_engines_read_a_rotations_second_key_when_the_transport_secret_holds_one():
+    with_curve = OperatorConfig(release="prod", redis_url="redis://redis:6379/0", curve_secret="prod-k25-transport")
+    env = engine_container(config=with_curve)["env"]
+    for name, key in (("K25_CURVE_SECRET_KEY_NEXT", "curve-secret-key-next"),
+                      ("K25_CURVE_SECRET_KEY_PREVIOUS", "curve-secret-key-previous")):
+        assert {"name": name, "valueFrom": {"secretKeyRef": {"name": "prod-k25-transport", "key": key,
+                                                             "optional": True}}} in env
+    assert not {"K25_CURVE_SECRET_KEY_NEXT", "K25_CURVE_SECRET_KEY_PREVIOUS"} & {e["name"] for e in engine_container()["env"]}
+
+
 def test_the_grace_period_is_the_drain_timeout_plus_a_margin_and_there_is_no_pre_stop_hook():
     for drain, grace in ((None, 615), (0, 15), (120, 135)):  # by default the gateway's request deadline
         spec = {} if drain is None else {"drainTimeoutSeconds": drain}

@@ -59,3 +59,49 @@ async def test_a_secret_without_the_keys_the_release_reads_is_an_error_and_left_
     with pytest.raises(SecretError, match="exists without redis-password, redis-url"):
         await asyncio.to_thread(ensure_secret, core, NS, "k25-redis", lambda: redis_secret_data("h"), {})
     assert kmock.objects[SECRETS, NS, "k25-redis"]["data"] == {"other": "eA=="}
+
+
+async def test_a_curve_rotation_steps_through_the_secret_in_the_cluster(kmock, core):
+    from operators.curve_rotation import RotationError
+    from operators.generated_secrets import rotate_transport_secret
+
+    await asyncio.to_thread(ensure_secret, core, NS, "k25-transport", transport_secret_data, {})
+    old = decoded(kmock, "k25-transport")["curve-secret-key"]
+    await asyncio.to_thread(rotate_transport_secret, core, NS, "k25-transport", "add-next")
+    new = decoded(kmock, "k25-transport")["curve-secret-key-next"]
+    assert decoded(kmock, "k25-transport") == {"curve-secret-key": old, "curve-secret-key-next": new}
+    assert checked_secret_key(new) == new.encode()
+    with pytest.raises(RotationError, match="a rotation is under way"):  # a second add-next changes nothing
+        await asyncio.to_thread(rotate_transport_secret, core, NS, "k25-transport", "add-next")
+    await asyncio.to_thread(rotate_transport_secret, core, NS, "k25-transport", "promote")
+    assert decoded(kmock, "k25-transport") == {"curve-secret-key": new, "curve-secret-key-previous": old}
+    await asyncio.to_thread(rotate_transport_secret, core, NS, "k25-transport", "remove-old")
+    assert decoded(kmock, "k25-transport") == {"curve-secret-key": new}
+
+
+@pytest.mark.parametrize(("argv", "problem"), [
+    (["--redis-user-secret", "engine=k25-redis-engine"], "need --redis-host"),
+    (["--redis-user-secret", "engine", "--redis-host", "k25-redis"], "takes USER=NAME"),
+    (["--redis-user-secret", "=k25-redis-engine", "--redis-host", "k25-redis"], "takes USER=NAME"),
+])
+async def test_ensure_refuses_a_user_secret_it_cannot_make(argv, problem, capsys):
+    from k25.cli import build_parser
+
+    args = build_parser().parse_args(["secrets", "ensure", "--namespace", NS, *argv])
+    assert args.handler(args) == 2
+    assert problem in capsys.readouterr().err
+
+
+async def test_a_kept_redis_secret_keeps_its_password_and_its_url_follows_tls(kmock, core):
+    from operators.generated_secrets import refresh_redis_url
+
+    make = lambda: redis_secret_data("k25-redis", "engine")
+    await asyncio.to_thread(ensure_secret, core, NS, "k25-redis-engine", make, {})
+    before = decoded(kmock, "k25-redis-engine")
+    assert not await asyncio.to_thread(refresh_redis_url, core, NS, "k25-redis-engine", "k25-redis", "engine", None)
+    assert decoded(kmock, "k25-redis-engine") == before
+    ca = "/etc/k25/redis-tls/ca.crt"
+    assert await asyncio.to_thread(refresh_redis_url, core, NS, "k25-redis-engine", "k25-redis", "engine", ca)
+    after = decoded(kmock, "k25-redis-engine")
+    assert after == {"redis-password": before["redis-password"],
+                     "redis-url": f"rediss://engine:{before['redis-password']}@k25-redis:6379/0?ssl_ca_certs={ca}"}

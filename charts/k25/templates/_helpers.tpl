@@ -83,6 +83,41 @@ chart's own Redis, no Secret or password of yours) */}}
 {{- if and (eq .Values.generatedSecrets "job") (include "k25.bundledRedis" .) (not $redis.auth.existingSecret) (not $redis.auth.password) -}}true{{- end -}}
 {{- end -}}
 
+{{/* "true" when a hook Job makes the Secrets of the parts' Redis users in the cluster */}}
+{{- define "k25.redisUserSecretsGeneratedInCluster" -}}
+{{- if and (eq .Values.generatedSecrets "job") (include "k25.redisUsers" .) -}}true{{- end -}}
+{{- end -}}
+
+{{/* Where a client finds the CA of the chart's Redis with redis.tls on (a volume of the Secret's ca.crt) */}}
+{{- define "k25.redisCaDir" -}}/etc/k25/redis-tls{{- end -}}
+
+{{/* The CA of the chart's Redis with redis.tls on, for a pod that connects to it: its volume
+(k25.redisCaVolume) and mount (k25.redisCaMount); nothing with TLS off */}}
+{{- define "k25.redisCaVolume" -}}
+{{- if and (include "k25.bundledRedis" .) .Values.redis.tls.enabled -}}
+- name: redis-tls
+  secret:
+    secretName: {{ .Values.redis.tls.existingSecret }}
+    items:
+      - {key: ca.crt, path: ca.crt}
+{{- end -}}
+{{- end -}}
+{{- define "k25.redisCaMount" -}}
+{{- if and (include "k25.bundledRedis" .) .Values.redis.tls.enabled -}}
+- name: redis-tls
+  mountPath: {{ include "k25.redisCaDir" . }}
+  readOnly: true
+{{- end -}}
+{{- end -}}
+
+{{/* The URL of the chart's Redis for a user (dict "root" . "user" "gateway" "password" PW; user ""
+is the default user): rediss:// with the CA to check its certificate against when redis.tls is on */}}
+{{- define "k25.bundledRedisUrl" -}}
+{{- $tls := .root.Values.redis.tls.enabled -}}
+{{- printf "%s://%s:%s@%s-redis:6379/0" (ternary "rediss" "redis" $tls) .user .password (include "k25.fullname" .root) -}}
+{{- if $tls }}{{ printf "?ssl_ca_certs=%s/ca.crt" (include "k25.redisCaDir" .root) }}{{ end -}}
+{{- end -}}
+
 {{/* "true" when a hook Job makes the release's CURVE key Secret in the cluster */}}
 {{- define "k25.transportSecretGeneratedInCluster" -}}
 {{- $curve := .Values.transport.curve -}}
@@ -95,12 +130,31 @@ Redis, whose key redis-password is its requirepass): one of yours, or the chart'
 {{- .Values.redis.external.existingSecret | default .Values.redis.auth.existingSecret | default (printf "%s-redis" (include "k25.fullname" .)) -}}
 {{- end -}}
 
-{{/* The Redis URL, password included, as K25_REDIS_URL: every k25 command's --redis-url default */}}
+{{/* "true" when each part has a Redis user of its own (the chart's own Redis, redis.users.enabled) */}}
+{{- define "k25.redisUsers" -}}
+{{- if and (include "k25.bundledRedis" .) .Values.redis.users.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* The parts with a Redis user of their own (templates/redis-users.yaml holds what each may do) */}}
+{{- define "k25.redisParts" -}}gateway engine operator{{- end -}}
+
+{{/* The Secret whose key redis-url a part reads (dict "root" . "part" "gateway"): its own user's
+with redis.users on, else the release's one (k25.redisSecret). */}}
+{{- define "k25.redisPartSecret" -}}
+{{- if include "k25.redisUsers" .root -}}
+{{- printf "%s-redis-%s" (include "k25.fullname" .root) .part -}}
+{{- else -}}
+{{- include "k25.redisSecret" .root -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Redis URL, password included, as K25_REDIS_URL: every k25 command's --redis-url default;
+the part's own user's (dict "root" . "part" "gateway") */}}
 {{- define "k25.redisEnv" -}}
 - name: K25_REDIS_URL
   valueFrom:
     secretKeyRef:
-      name: {{ include "k25.redisSecret" . }}
+      name: {{ include "k25.redisPartSecret" . }}
       key: redis-url
 {{- end -}}
 
@@ -110,14 +164,24 @@ Redis, whose key redis-password is its requirepass): one of yours, or the chart'
 {{- end -}}
 
 {{/* The CURVE key as K25_CURVE_SECRET_KEY, which the gateway presents and engines and the
-chunker ask for; nothing when CURVE is off. */}}
+chunker ask for, and a rotation's second key when the Secret holds one (the key coming, or
+the key going: see `k25 secrets rotate-curve`); nothing when CURVE is off. */}}
 {{- define "k25.curveEnv" -}}
 {{- if .Values.transport.curve.enabled -}}
+{{- $secret := include "k25.transportSecret" . -}}
 - name: K25_CURVE_SECRET_KEY
   valueFrom:
     secretKeyRef:
-      name: {{ include "k25.transportSecret" . }}
+      name: {{ $secret }}
       key: curve-secret-key
+{{- range $name, $key := dict "K25_CURVE_SECRET_KEY_NEXT" "curve-secret-key-next" "K25_CURVE_SECRET_KEY_PREVIOUS" "curve-secret-key-previous" }}
+- name: {{ $name }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ $key }}
+      optional: true
+{{- end }}
 {{- end -}}
 {{- end -}}
 
@@ -300,6 +364,12 @@ imagePullSecrets:
 {{- fail (printf "model %s is a path on the models volume, but models.persistence.enabled is false; turn it on or name a model the image carries (smollm2-135m, tiny-random)" .Values.model) -}}
 {{- end -}}
 {{- include "k25.validateRedis" .Values.redis -}}
+{{- if and .Values.redis.tls.enabled (not (include "k25.bundledRedis" .)) -}}
+{{- fail "redis.tls is the chart's own Redis's TLS; for a Redis of your own give a rediss:// URL in redis.external" -}}
+{{- end -}}
+{{- if and .Values.redis.tls.enabled (not .Values.redis.tls.existingSecret) -}}
+{{- fail "redis.tls.enabled needs redis.tls.existingSecret: a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt whose certificate names <fullname>-redis (cert-manager's Certificate makes one)" -}}
+{{- end -}}
 {{- if and .Values.transport.curve.existingSecret (not .Values.transport.curve.enabled) -}}
 {{- fail "transport.curve.existingSecret names the CURVE key's Secret, but transport.curve.enabled is false; turn CURVE on or leave existingSecret empty" -}}
 {{- end -}}

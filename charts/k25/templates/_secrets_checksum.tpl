@@ -5,5 +5,5 @@ or key keeps its install-time value (see the Secrets' templates), so it is left 
 of your own can change without the chart knowing: then restart the pods yourself
 (kubectl rollout restart). */}}
 {{- define "k25.secretsChecksum" -}}
-checksum/secrets: {{ toJson (dict "redis" (pick .Values.redis "auth" "external") "curve" .Values.transport.curve) | sha256sum }}
+checksum/secrets: {{ toJson (dict "redis" (pick .Values.redis "auth" "external" "users" "tls") "curve" .Values.transport.curve) | sha256sum }}
 {{- end -}}
