@@ -220,9 +220,14 @@ def read_each_rollout(redis, release: str) -> tuple[dict[str, RolloutState], dic
 
 
 def _read_rollouts(redis, release: str, check_names: bool) -> tuple[dict[str, RolloutState], dict[str, str]]:
-    members = sorted(_text(name) for name in redis.smembers(rollout_index_key(release)))
     broken, adapters = {}, []
-    for member in members:
+    for raw_member in sorted(redis.smembers(rollout_index_key(release))):
+        try:
+            member = _text(raw_member)
+        except UnicodeDecodeError:  # named by its bytes' repr, which is text
+            member = repr(raw_member)
+            broken[member] = f"{rollout_index_key(release)}: a member that is not UTF-8 text: {member}"
+            continue
         try:
             adapters.append(check_name("adapter", member) if check_names else member)
         except RolloutStateError as error:
@@ -245,7 +250,10 @@ def _read_rollouts(redis, release: str, check_names: bool) -> tuple[dict[str, Ro
 def _parse_state(key: str, raw: dict) -> RolloutState | None:
     if not raw:
         return None
-    values = {_text(k): _text(v) for k, v in raw.items()}
+    try:
+        values = {_text(k): _text(v) for k, v in raw.items()}
+    except UnicodeDecodeError as error:
+        raise RolloutStateError(f"{key}: a field that is not UTF-8 text ({error})") from error
     names = [f.name for f in fields(RolloutState)]
     missing = [name for name in names if name not in values]
     if missing:
