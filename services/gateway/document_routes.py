@@ -133,7 +133,8 @@ async def _ask(gateway: Gateway, body: AskRequest, parent_span, caller: Caller, 
                 ])
                 return answer.body_iterator
 
-            return progress_stream({"object": "document.passages", "passages_read": read}, read_notes, streamed_answer)
+            return progress_stream(gateway, {"object": "document.passages", "passages_read": read}, read_notes,
+                                   streamed_answer)
         noted = await take_notes(body.question, chosen, note, fanout)
         kept, left_out = await _notes_that_fit(gateway, body, noted, ranks, span)
         final_job = await _job(gateway, body, reduce_messages(body.question, kept), body.max_tokens, caller, ticket,
