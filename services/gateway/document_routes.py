@@ -159,7 +159,8 @@ async def _notes_that_fit(gateway: Gateway, body: AskRequest, noted: list[Passag
     by_index = {p.index: p for p in noted}
     ranked = [by_index[index] for index in ranks]
     fixed = len(await gateway.encoder.encode_chat(reduce_messages(body.question, [])))
-    lines = [len(await gateway.encoder.encode(note_line(p))) if p.relevant else 0 for p in ranked]
+    lines = await asyncio.to_thread(lambda: [len(gateway.tokenizer.encode(note_line(p), add_special_tokens=False))
+                                             if p.relevant else 0 for p in ranked])
     kept, left_out = notes_that_fit(ranked, lines, context - body.max_tokens - fixed)
     span.set_attribute("k25.notes_left_out", left_out)
     return kept, left_out
