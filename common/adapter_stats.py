@@ -144,7 +144,8 @@ def weighed_stats(tenants: list[Outcomes], max_requests_per_tenant: int) -> Vers
         error_rate, p95 = (errors / weight if weight else None), p95_upper_bound(histogram)
     else:
         error_rate = min((errors - e) / (weight - w) for w, e, _ in weighed)
-        p95 = min(p95_upper_bound([n - h[i] for i, n in enumerate(histogram)]) or 0.0 for _, _, h in weighed)
+        p95s = [p95_upper_bound([n - h[i] for i, n in enumerate(histogram)]) for _, _, h in weighed]
+        p95 = min((p for p in p95s if p is not None), default=None)
     return VersionStats(requests=sum(t.requests for t in tenants), errors=sum(t.errors for t in tenants),
                         error_rate=None if error_rate is None else float(error_rate), p95_latency_s=p95)
 

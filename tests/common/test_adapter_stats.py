@@ -123,6 +123,7 @@ def outcomes(requests: int, errors: int, slow: int = 0) -> Outcomes:
     ([outcomes(1000, 0), outcomes(20, 20), outcomes(20, 20)], 10, 0.5, 0.05),  # successes hide no one's failures
     ([outcomes(1000, 0, slow=1000), outcomes(20, 0, slow=20), outcomes(20, 0)], 10, 0.0, 5.0),  # nor slowness
     ([outcomes(30, 3), outcomes(30, 3), outcomes(3, 0)], 10, 1 / 13, 0.05),  # each weighs its requests up to the cap
+    ([Outcomes(5, 1), Outcomes(5, 0)], 10, 0.0, None),  # no latencies written: no p95
     ([], 10, None, None),
 ])
 def test_each_tenant_weighs_as_much_as_its_requests_up_to_the_cap(tenants, cap, error_rate, p95):
