@@ -186,16 +186,16 @@ def unregister_engine(redis, release: str, engine_id: str) -> None:
 
 def live_engines(redis, release: str) -> dict[str, dict]:
     """Every engine whose heartbeat has not expired: engine_id -> its registry entry, in
-    engine_id order. Entries that are not JSON objects are left out."""
+    engine_id order. Entries that are not JSON objects, or whose id is not UTF-8 text, are left out."""
     flat = redis.register_script(_LIVE)(keys=[engines_key(release), engines_expiry_key(release)])
     engines = {}
     for engine_id, value in zip(flat[::2], flat[1::2]):
         try:
-            entry = json.loads(value)
-        except ValueError:
+            entry, engine_id = json.loads(value), _text(engine_id)
+        except ValueError:  # UnicodeDecodeError is one
             continue
         if isinstance(entry, dict):
-            engines[_text(engine_id)] = entry
+            engines[engine_id] = entry
     return dict(sorted(engines.items()))
 
 

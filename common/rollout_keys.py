@@ -39,35 +39,16 @@ Engines report what they hold in their registry heartbeat (`{release}:engines`,
 `common.redis_keys.live_engines`): the field `adapters`, a list of `versioned_name(adapter,
 version)` strings ("name@version").
 
-Per adapter version request outcomes, written by the gateways for each epoch second:
-
-    {release}:adapter_stats:{adapter}@{version}:{epoch_second}     hash, TTL 300 s
-        requests        requests that finished in that second
-        errors          how many of them failed
-        latency_s_sum   their summed end-to-end latency in seconds
-        le_0.05 le_0.1 le_0.25 le_0.5 le_1 le_2.5 le_5 le_10 le_inf
-                        latency histogram, NOT cumulative: each latency adds 1 to exactly
-                        one bucket, the first whose bound is >= it (le_0.1 counts
-                        latencies in (0.05, 0.1]); Prometheus' cumulative counts are the
-                        running sums of these
-
-`version_stats` sums the complete seconds of a window and takes the p95 from the buckets.
+The outcomes the gateways count per adapter version, which the canary checks read, are in
+`common.adapter_stats`.
 """
 
-import bisect
 import json
-import math
 import re
 from dataclasses import dataclass, fields
 
 PROGRESSING, PROMOTED, ROLLED_BACK, STABLE = "Progressing", "Promoted", "RolledBack", "Stable"
 PHASES = (PROGRESSING, PROMOTED, ROLLED_BACK, STABLE)
-
-ADAPTER_STATS_TTL_S = 300
-# (hash field, upper bound in seconds), in increasing order
-LATENCY_BUCKETS = (("le_0.05", 0.05), ("le_0.1", 0.1), ("le_0.25", 0.25), ("le_0.5", 0.5), ("le_1", 1.0),
-                   ("le_2.5", 2.5), ("le_5", 5.0), ("le_10", 10.0), ("le_inf", math.inf))
-BUCKET_BOUNDS_S = tuple(bound for _, bound in LATENCY_BUCKETS)
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
@@ -220,9 +201,14 @@ def read_each_rollout(redis, release: str) -> tuple[dict[str, RolloutState], dic
 
 
 def _read_rollouts(redis, release: str, check_names: bool) -> tuple[dict[str, RolloutState], dict[str, str]]:
-    members = sorted(_text(name) for name in redis.smembers(rollout_index_key(release)))
     broken, adapters = {}, []
-    for member in members:
+    for raw_member in sorted(redis.smembers(rollout_index_key(release))):
+        try:
+            member = _text(raw_member)
+        except UnicodeDecodeError:  # named by its bytes' repr, which is text
+            member = repr(raw_member)
+            broken[member] = f"{rollout_index_key(release)}: a member that is not UTF-8 text: {member}"
+            continue
         try:
             adapters.append(check_name("adapter", member) if check_names else member)
         except RolloutStateError as error:
@@ -245,7 +231,10 @@ def _read_rollouts(redis, release: str, check_names: bool) -> tuple[dict[str, Ro
 def _parse_state(key: str, raw: dict) -> RolloutState | None:
     if not raw:
         return None
-    values = {_text(k): _text(v) for k, v in raw.items()}
+    try:
+        values = {_text(k): _text(v) for k, v in raw.items()}
+    except UnicodeDecodeError as error:
+        raise RolloutStateError(f"{key}: a field that is not UTF-8 text ({error})") from error
     names = [f.name for f in fields(RolloutState)]
     missing = [name for name in names if name not in values]
     if missing:
@@ -266,79 +255,3 @@ def _parse_state(key: str, raw: dict) -> RolloutState | None:
 
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else value
-
-
-def adapter_stats_key(release: str, adapter: str, version: str, epoch_second: int) -> str:
-    return f"{release}:adapter_stats:{versioned_name(adapter, version)}:{epoch_second}"
-
-
-def record_version_outcomes(pipe, release: str, adapter: str, version: str, epoch_second: int,
-                            requests: int, errors: int, latencies: list[float]) -> None:
-    """Add the outcomes of requests to one adapter version that finished in `epoch_second`
-    on a Redis pipeline (or client); the caller executes the pipeline. `latencies` are
-    end-to-end seconds, one per request (failed requests may be left out)."""
-    for name, count in (("requests", requests), ("errors", errors)):
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ValueError(f"{name} must be a non-negative integer, got {count!r}")
-    if errors > requests:
-        raise ValueError(f"errors ({errors}) must not exceed requests ({requests})")
-    if isinstance(epoch_second, bool) or not isinstance(epoch_second, int):
-        raise ValueError(f"epoch_second must be an integer, got {epoch_second!r}")
-    if any(not latency >= 0 for latency in latencies):  # also refuses NaN
-        raise ValueError(f"latencies must be non-negative seconds, got {[x for x in latencies if not x >= 0][:3]}")
-    counts = [0] * len(LATENCY_BUCKETS)
-    for latency in latencies:
-        counts[bisect.bisect_left(BUCKET_BOUNDS_S, latency)] += 1  # the first bound >= latency
-    key = adapter_stats_key(release, adapter, version, epoch_second)
-    pipe.hincrby(key, "requests", requests)
-    pipe.hincrby(key, "errors", errors)
-    pipe.hincrbyfloat(key, "latency_s_sum", math.fsum(latencies))
-    for (name, _), count in zip(LATENCY_BUCKETS, counts):
-        if count:
-            pipe.hincrby(key, name, count)
-    pipe.expire(key, ADAPTER_STATS_TTL_S)
-
-
-@dataclass(frozen=True)
-class VersionStats:
-    requests: int
-    errors: int
-    error_rate: float | None  # errors / requests; None without requests
-    p95_latency_s: float | None  # upper bound of the bucket holding the p95 (inf: above 10 s); None: no latencies
-
-
-def p95_upper_bound(histogram: tuple[int, ...]) -> float | None:
-    """The upper bound of the bucket that holds the 95th percentile by nearest rank (the
-    ceil(0.95 n)-th smallest latency), from per-bucket counts in LATENCY_BUCKETS order."""
-    total = sum(histogram)
-    if total == 0:
-        return None
-    rank = (95 * total + 99) // 100  # ceil(0.95 * total) in integers: no rounding at exact multiples
-    seen = 0
-    for (_, bound), count in zip(LATENCY_BUCKETS, histogram):
-        seen += count
-        if seen >= rank:
-            return bound
-    raise AssertionError("unreachable: the running sum reaches the total")
-
-
-def version_stats(redis, release: str, adapter: str, version: str, now: float, window_s: int) -> VersionStats:
-    """The outcomes of one adapter version over the `window_s` complete seconds before `now`
-    (the current second is still being written and is left out)."""
-    if isinstance(window_s, bool) or not isinstance(window_s, int) or not 1 <= window_s <= ADAPTER_STATS_TTL_S:
-        raise ValueError(f"window_s must be an integer from 1 to {ADAPTER_STATS_TTL_S} (the buckets' TTL), "
-                         f"got {window_s!r}")
-    current = math.floor(now)
-    pipe = redis.pipeline(transaction=False)
-    for back in range(1, window_s + 1):
-        pipe.hgetall(adapter_stats_key(release, adapter, version, current - back))
-    requests = errors = 0
-    histogram = [0] * len(LATENCY_BUCKETS)
-    for raw in pipe.execute():
-        bucket = {_text(k): _text(v) for k, v in raw.items()}
-        requests += int(bucket.get("requests", 0))
-        errors += int(bucket.get("errors", 0))
-        for i, (name, _) in enumerate(LATENCY_BUCKETS):
-            histogram[i] += int(bucket.get(name, 0))
-    return VersionStats(requests=requests, errors=errors, error_rate=errors / requests if requests else None,
-                        p95_latency_s=p95_upper_bound(tuple(histogram)))

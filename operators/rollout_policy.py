@@ -23,7 +23,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from common.rollout_keys import LATENCY_BUCKETS, PROGRESSING, PROMOTED, ROLLED_BACK, RolloutState, VersionStats, versioned_name
+from common.adapter_stats import LATENCY_BUCKETS, VersionStats
+from common.rollout_keys import PROGRESSING, PROMOTED, ROLLED_BACK, RolloutState, versioned_name
 from operators.rollout_spec import AdapterVersion, RolloutSpec
 
 # what the last step did (status.reason)

@@ -5,11 +5,12 @@ covers the one rule the CRD leaves out: the canary must be another version)."""
 import re
 from dataclasses import dataclass
 
-from common.rollout_keys import ADAPTER_STATS_TTL_S, NAME_PATTERN, SHA256_PATTERN
+from common.adapter_stats import ADAPTER_STATS_TTL_S
+from common.rollout_keys import NAME_PATTERN, SHA256_PATTERN
 
 POOL_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # a Kubernetes object name (DNS label)
 DEFAULTS = {"steps": [5, 20, 50, 100], "interval": 60, "maxErrorRate": 0.01, "maxP95LatencyMs": 10000,
-            "maxP95LatencyRatio": 3.0, "minRequestsPerStep": 100, "failureThreshold": 3, "allowList": []}
+            "maxP95LatencyRatio": 3.0, "minRequestsPerStep": 100, "maxRequestsPerTenant": 10, "failureThreshold": 3, "allowList": []}
 
 
 class RolloutSpecError(ValueError):
@@ -38,6 +39,9 @@ class RolloutSpec:
     # (the p95s are histogram bounds 2-2.5x apart: below 2.5 one bucket of noise would fail a canary)
     max_p95_latency_ratio: float
     min_requests_per_step: int
+    # a check's error rate and p95 weigh each tenant's requests as at most this many
+    # (common/adapter_stats.py): one tenant cannot decide a verdict by sending more
+    max_requests_per_tenant: int
     failure_threshold: int
     allow_list: tuple[str, ...] = ()
 
@@ -56,6 +60,7 @@ def parse_rollout_spec(spec: dict) -> RolloutSpec:
         max_p95_latency_s=_number(spec, "maxP95LatencyMs", least=1.0) / 1000,
         max_p95_latency_ratio=_number(spec, "maxP95LatencyRatio", least=1.0),
         min_requests_per_step=_integer(spec, "minRequestsPerStep", least=1),
+        max_requests_per_tenant=_integer(spec, "maxRequestsPerTenant", least=1),
         failure_threshold=_integer(spec, "failureThreshold", least=1),
         allow_list=_allow_list(spec["allowList"]),
     )

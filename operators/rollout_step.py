@@ -6,8 +6,9 @@ engine registry, takes the pure step, and writes the Redis rollout state when it
 import dataclasses
 from dataclasses import dataclass
 
+from common.adapter_stats import version_stats
 from common.redis_keys import live_engines
-from common.rollout_keys import RolloutStateError, read_rollout, version_stats, write_rollout
+from common.rollout_keys import RolloutStateError, read_rollout, write_rollout
 from operators.rollout_policy import Readiness, RolloutStatus, StepResult, decide_step, readiness, recovered_status
 from operators.rollout_spec import RolloutSpec
 
@@ -27,8 +28,8 @@ def run_step(client, release: str, rollout: RolloutSpec, status: RolloutStatus |
     if status is None:
         status = recovered_status(rollout, stored, now)
     canary = rollout.canary.version
-    stats = version_stats(client, release, rollout.adapter, canary, now, rollout.interval_s)
-    stable = version_stats(client, release, rollout.adapter, rollout.stable.version, now, rollout.interval_s)
+    stats, stable = (version_stats(client, release, rollout.adapter, version, now, rollout.interval_s,
+                                   rollout.max_requests_per_tenant) for version in (canary, rollout.stable.version))
     ready = readiness(live_engines(client, release), rollout.pool, rollout.adapter, canary)
     result = decide_step(rollout, status, stats, ready.ready, now,
                          loaded_nowhere=ready.engines > 0 and len(ready.missing) == ready.engines, stable=stable)

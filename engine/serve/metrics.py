@@ -53,6 +53,9 @@ class EngineMetrics(MetricsEndpoint):
         self.tier_dropped = Counter("k25_engine_kv_tier_dropped_blocks",
                                     "Stored KV blocks found unreadable (checksum, truncation, I/O) and recomputed",
                                     registry=r)
+        self.unusable_rollout_states = Gauge(
+            "k25_engine_unusable_rollout_states", "Adapters whose rollout state in Redis breaks the contract (a malformed "
+            "name or hash): skipped, each keeps the versions it holds", registry=r)
         self._seen: dict[object, float] = {}  # counter -> the engine's own count it was last brought up to
 
     def update_load(self, stats: EngineStats) -> None:

@@ -11,6 +11,11 @@ Redis that restarted empty, or lost its keys, is no order to unload every adapte
 deletion missed while Redis was away is therefore caught up only by that adapter's next
 announcement or a restart; no gateway splits traffic onto an adapter without a rollout.)
 
+An adapter whose name or state in Redis breaks the contract (a malformed member of the rollout
+index, found by a reconcile or announced) is skipped: logged when it first is, counted in
+`k25_engine_unusable_rollout_states`, and it keeps the versions it holds; every other adapter
+loads as its state says.
+
 A version's files are read, hashed and parsed on this thread; only registering the result
 runs on the serving thread, between two engine steps (`EngineServer.call_between_steps`), so
 no request is dropped and no step waits for a disk: one admitted on a version that is
@@ -55,6 +60,7 @@ class RolloutWatcher:
         self.retry_s = retry_s
         self.max_retry_s = max_retry_s
         self._delay = retry_s  # the wait before the next retry: doubles while trouble lasts
+        self.unusable: dict[str, str] = {}  # adapter (index member) -> why its rollout state is unusable
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rollout-watcher", daemon=True)
 
@@ -101,11 +107,33 @@ class RolloutWatcher:
         """Reconcile every adapter with its state; False if a version failed to load. A malformed
         member of the rollout index costs only its own adapter, which keeps what it holds."""
         states, broken = read_each_rollout(self.client, self.release)
-        for member, why in broken.items():
-            log.error("rollout watcher: skipping adapter %r, its rollout state is unusable: %s", member, why)
+        self._set_unusable(broken)
         held = set(self._held()) - set(broken)
         results = [self.sync(adapter, states.get(adapter)) for adapter in sorted(set(states) | held)]
-        return all(results) and not broken
+        return all(results)
+
+    def sync_announced(self, data) -> bool:
+        """Apply one announcement (the adapter's name); False if a version failed to load. An
+        announced name or state that breaks the contract is skipped like a malformed index member:
+        logged, counted, and the adapter keeps what it holds until a good state is announced."""
+        try:
+            adapter = data.decode() if isinstance(data, bytes) else str(data)
+            state = read_rollout(self.client, self.release, adapter)
+        except (UnicodeDecodeError, RolloutStateError) as exc:
+            name = repr(data) if isinstance(exc, UnicodeDecodeError) else adapter
+            self._set_unusable({**self.unusable, name: str(exc)})
+            return True
+        self._set_unusable({name: why for name, why in self.unusable.items() if name != adapter})
+        return self.sync(adapter, state, deleted=True)
+
+    def _set_unusable(self, unusable: dict[str, str]) -> None:
+        """Log each adapter whose rollout state is unusable when it first is, and count them in the
+        engine's metrics."""
+        for member, why in unusable.items():
+            if member not in self.unusable:
+                log.error("rollout watcher: skipping adapter %r, its rollout state is unusable: %s", member, why)
+        self.unusable = unusable
+        self.server.metrics.unusable_rollout_states.set(len(unusable))
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -113,8 +141,6 @@ class RolloutWatcher:
                 self._watch()
             except redis.RedisError as exc:
                 log.warning("rollout watcher: Redis unreachable (%s); retrying in %g s", exc, self._delay)
-            except RolloutStateError as exc:  # a bad state must not stop the watcher
-                log.error("rollout watcher: unusable rollout state (%s); reconciling again in %g s", exc, self._delay)
             except CancelledError:  # the server closed while a load or unload waited for it: the engine is stopping
                 return
             except Exception:
@@ -141,10 +167,7 @@ class RolloutWatcher:
                 message = pubsub.get_message(timeout=0.5)
                 if message is None:
                     continue
-                data = message["data"]
-                adapter = data.decode() if isinstance(data, bytes) else str(data)
-                loaded = self.sync(adapter, read_rollout(self.client, self.release, adapter), deleted=True)
-                if not loaded and reconcile_at is None:
+                if not self.sync_announced(message["data"]) and reconcile_at is None:
                     reconcile_at = time.monotonic() + load_delay
         finally:
             pubsub.close()

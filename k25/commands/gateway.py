@@ -30,6 +30,9 @@ def register(subparsers) -> None:
     p.add_argument("--body-timeout-s", type=float, default=30.0,
                    help="a request body must arrive within this many seconds of its request's start; later: 408, "
                    "so that slow clients give back their place (default 30)")
+    p.add_argument("--stream-stall-s", type=float, default=30.0,
+                   help="a streamed answer whose client takes nothing of it for this many seconds is cancelled at its "
+                   "engine and gives back its place, so that a client that stops reading holds nothing (default 30)")
     p.add_argument("--max-body-bytes-in-flight", type=int, default=512 << 20,
                    help="what the request bodies held at once may take, each counted at its Content-Length (or "
                    "--max-body-bytes without one); a request beyond it gets 503 at once (default 512 MiB)")
@@ -92,6 +95,7 @@ def run(args) -> int:
         api_keys_file=args.api_keys_file, chunker_address=args.chunker_address,
         request_timeout_s=args.request_timeout_s, max_tokens_limit=args.max_tokens_limit,
         max_body_bytes=args.max_body_bytes, max_inflight=args.max_inflight, body_timeout_s=args.body_timeout_s,
+        stream_stall_s=args.stream_stall_s,
         max_body_bytes_in_flight=args.max_body_bytes_in_flight,
         tokenizer_threads=args.tokenizer_threads, document_fanout=args.document_fanout,
         max_document_passages=args.max_document_passages, document_passages_read=args.document_passages_read,
@@ -142,6 +146,8 @@ def _bad_flags(settings) -> str | None:
         return "each --pool needs its own name"
     if not settings.body_timeout_s > 0:
         return "--body-timeout-s must be positive"
+    if not settings.stream_stall_s > 0:  # NaN too
+        return "--stream-stall-s must be positive"
     if settings.max_body_bytes_in_flight < settings.max_body_bytes:
         return "--max-body-bytes-in-flight must be at least --max-body-bytes (or no body of that size could ever be read)"
     if not settings.engine_wait_s >= 0:  # NaN too

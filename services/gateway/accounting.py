@@ -1,6 +1,6 @@
 """Request counts kept in memory and flushed to Redis once a second: per pool (the QPS the
-operator scales on) and per adapter version (outcomes and latency, what the canary
-analysis reads).
+operator scales on) and per adapter version and tenant (outcomes and latency, what the canary
+analysis reads, weighing each tenant's: common/adapter_stats.py).
 
 When Redis is unreachable the counts stay pending and go out with the next flush that
 succeeds, so an outage shows up as late data rather than as a dip in QPS; buckets older
@@ -11,8 +11,8 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from common.adapter_stats import record_version_outcomes
 from common.redis_keys import BUCKET_TTL_S, record_requests
-from common.rollout_keys import record_version_outcomes
 
 
 @dataclass
@@ -32,7 +32,8 @@ class VersionCounts:
 @dataclass
 class Pending:
     pools: dict[tuple[str, int], int] = field(default_factory=lambda: defaultdict(int))  # (pool, second) -> requests
-    versions: dict[tuple[str, str, int], VersionCounts] = field(default_factory=lambda: defaultdict(VersionCounts))
+    # (adapter, version, tenant, second) -> outcomes
+    versions: dict[tuple[str, str, str, int], VersionCounts] = field(default_factory=lambda: defaultdict(VersionCounts))
 
 
 class RequestAccounting:
@@ -45,10 +46,10 @@ class RequestAccounting:
         self.known_pools.add(pool)
         self.pending.pools[(pool, math.floor(now))] += 1
 
-    def finished(self, adapter: str, version: str, now: float, latency_s: float, failed: bool) -> None:
-        """A request to an adapter version ended (requests to the base model have no outcome
-        bucket: nothing reads one)."""
-        counts = self.pending.versions[(adapter, version, math.floor(now))]
+    def finished(self, adapter: str, version: str, now: float, latency_s: float, failed: bool, tenant: str) -> None:
+        """A request of `tenant` (its API key's) to an adapter version ended (requests to the base
+        model have no outcome bucket: nothing reads one)."""
+        counts = self.pending.versions[(adapter, version, tenant, math.floor(now))]
         counts.requests += 1
         counts.errors += int(failed)
         counts.latencies.append(latency_s)
@@ -78,6 +79,7 @@ def write_counts(redis, release: str, taken: Pending) -> None:
     pipe = redis.pipeline(transaction=False)
     for (pool, second), requests in taken.pools.items():
         record_requests(pipe, release, pool, second, requests)
-    for (adapter, version, second), counts in taken.versions.items():
-        record_version_outcomes(pipe, release, adapter, version, second, counts.requests, counts.errors, counts.latencies)
+    for (adapter, version, tenant, second), counts in taken.versions.items():
+        record_version_outcomes(pipe, release, adapter, version, second, counts.requests, counts.errors, counts.latencies,
+                                tenant)
     pipe.execute()

@@ -13,7 +13,10 @@ rather than all landing on one side.
 
 The statistics that promote or roll back a canary count only what the split decided and what
 the version's engines did with it (`canary_outcome`): not pinned requests, which a client
-could send to make a version look good or bad, nor refusals before any engine ran it.
+could send to make a version look good or bad, nor refusals before any engine ran it. A
+client still chooses its `user` values, and so which side its requests land on: each outcome
+is booked with the caller's tenant, and the checks weigh the tenants rather than the requests
+(common/adapter_stats.py), so that no one tenant decides a verdict.
 """
 
 import hashlib

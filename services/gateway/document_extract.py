@@ -166,7 +166,7 @@ async def _extract(gateway, body: ExtractRequest, fields: list[ExtractField], sc
             async def ending():
                 return _last_events(await result(by_field))
 
-            return progress_stream({"object": "document.passages", "fields": passages_read}, read_streamed, ending)
+            return progress_stream(gateway, {"object": "document.passages", "fields": passages_read}, read_streamed, ending)
         return JSONResponse(await result(await read_all()))
 
 

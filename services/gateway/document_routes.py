@@ -28,6 +28,8 @@ from services.gateway.documents import (
     Passage,
     choose_passages,
     citations,
+    note_line,
+    notes_that_fit,
     passages_of,
     question_cost,
     reduce_messages,
@@ -35,6 +37,7 @@ from services.gateway.documents import (
     too_many_passages,
 )
 from services.gateway.openai_schema import estimated_tokens
+from services.gateway.routing import largest_context
 from services.gateway.service import Gateway, ReplyShape
 
 tracer = trace.get_tracer("k25.gateway")
@@ -110,6 +113,7 @@ async def _ask(gateway: Gateway, body: AskRequest, parent_span, caller: Caller, 
             return answer.text
 
         read = [p.citation() for p in passages]  # best first
+        ranks = [p.index for p in passages]
         chosen, fanout = sorted(passages, key=lambda p: p.index), gateway.settings.document_fanout
         if body.stream:
             noted: list[Passage] = []
@@ -120,25 +124,46 @@ async def _ask(gateway: Gateway, body: AskRequest, parent_span, caller: Caller, 
                     progress_event(next(done), len(read), passage, bears_on_question=passage.relevant))))
 
             async def streamed_answer():
-                final = await _job(gateway, body, reduce_messages(body.question, noted), body.max_tokens, caller, ticket,
+                kept, left_out = await _notes_that_fit(gateway, body, noted, ranks, span)
+                final = await _job(gateway, body, reduce_messages(body.question, kept), body.max_tokens, caller, ticket,
                                    deadline)
                 answer = await gateway.stream(final, ReplyShape(True), span, epilogue=lambda answer_text: [
                     {"id": final.request_id, "object": "document.citations",
-                     "citations": citations(answer_text, noted), "passages_read": read}
+                     "citations": citations(answer_text, kept), "passages_read": read, "notes_left_out": left_out}
                 ])
                 return answer.body_iterator
 
-            return progress_stream({"object": "document.passages", "passages_read": read}, read_notes, streamed_answer)
-        passages = await take_notes(body.question, chosen, note, fanout)
-        final_job = await _job(gateway, body, reduce_messages(body.question, passages), body.max_tokens, caller, ticket,
+            return progress_stream(gateway, {"object": "document.passages", "passages_read": read}, read_notes,
+                                   streamed_answer)
+        noted = await take_notes(body.question, chosen, note, fanout)
+        kept, left_out = await _notes_that_fit(gateway, body, noted, ranks, span)
+        final_job = await _job(gateway, body, reduce_messages(body.question, kept), body.max_tokens, caller, ticket,
                                deadline)
         answer = await gateway.generate(final_job, ReplyShape(True), span)
     usage.add(answer.final.usage)
     return JSONResponse({
         "id": final_job.request_id, "object": "document.answer", "created": int(time.time()), "model": body.model,
-        "document_id": body.document_id, "answer": answer.text, "citations": citations(answer.text, passages),
-        "chunks": len(every), "passages_read": read, "usage": usage.body(),
+        "document_id": body.document_id, "answer": answer.text, "citations": citations(answer.text, kept),
+        "chunks": len(every), "passages_read": read, "notes_left_out": left_out, "usage": usage.body(),
     })
+
+
+async def _notes_that_fit(gateway: Gateway, body: AskRequest, noted: list[Passage], ranks: list[int],
+                          span) -> tuple[list[Passage], int]:
+    """The notes the answer's prompt has room for beside `max_tokens` in the largest context of the
+    pools (documents.py `notes_that_fit`), and how many notes bearing on the question were left out.
+    Before any engine is seen no context is known: every note goes in."""
+    context = largest_context(gateway.registry.pools.values())
+    if context is None:
+        return noted, 0
+    by_index = {p.index: p for p in noted}
+    ranked = [by_index[index] for index in ranks]
+    fixed = len(await gateway.encoder.encode_chat(reduce_messages(body.question, [])))
+    lines = await asyncio.to_thread(lambda: [len(gateway.tokenizer.encode(note_line(p), add_special_tokens=False))
+                                             if p.relevant else 0 for p in ranked])
+    kept, left_out = notes_that_fit(ranked, lines, context - body.max_tokens - fixed)
+    span.set_attribute("k25.notes_left_out", left_out)
+    return kept, left_out
 
 
 async def _job(gateway: Gateway, body: AskRequest, messages: list[dict], max_tokens: int, caller: Caller, ticket: Ticket,

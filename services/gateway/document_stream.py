@@ -10,21 +10,20 @@ cancels the passages still being read."""
 import asyncio
 import logging
 
-from fastapi.responses import StreamingResponse
-
 from services.gateway.errors import OpenAIError, internal_error
+from services.gateway.event_stream import EventStream
 from services.gateway.request_id import current_request_id
 from services.gateway.responses import sse
 
 log = logging.getLogger(__name__)
 
 
-def progress_stream(opening: dict, read, ending) -> StreamingResponse:
+def progress_stream(gateway, opening: dict, read, ending) -> EventStream:
     """`opening` is the first event; `read(progress)` reads the passages, calling
     `progress(event)` with an event as each is read; `ending()` then returns the server-sent
-    events that end the stream (an async iterable)."""
-    return StreamingResponse(_events(opening, read, ending), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    events that end the stream (an async generator). Its client must keep reading it
+    (`gateway.event_stream`)."""
+    return gateway.event_stream(_events(opening, read, ending))
 
 
 def progress_event(done: int, of: int, passage, **more) -> dict:
@@ -57,5 +56,8 @@ async def _events(opening: dict, read, ending):
     finally:
         if not reading.done():  # the client left
             reading.cancel()
-    async for event in events:
-        yield event
+    try:
+        async for event in events:
+            yield event
+    finally:  # a stream cut short (its client left or stopped reading) ends the answer's engine request
+        await events.aclose()

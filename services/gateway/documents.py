@@ -1,6 +1,12 @@
 """Long-document questions: choose the passages that bear on the question, map the question over
 them, reduce the notes into one answer, and cite the passages it drew on.
 
+The final prompt holds as many notes as the model's context leaves room for beside the answer:
+the notes of the best-ranked passages first (`notes_that_fit`); the answer says how many notes
+bearing on the question were left out (256 passages of 128-token notes are more than a small
+model's context, and a prompt longer than every pool's context would be refused after all the
+notes were paid for).
+
 The prompts, the passages' choice, the citation choice, the bound on passages per question and
 what a question may cost are pure functions; `take_notes` runs the map requests concurrently, a bounded number at
 a time (`all_bounded`, which the extraction's requests share), and when one fails stops the
@@ -70,9 +76,14 @@ def map_messages(question: str, passage: Passage) -> list[dict]:
     ))
 
 
+def note_line(passage: Passage) -> str:
+    """How a note stands in the final prompt: its [n], the clause it came from, the note."""
+    return f"[{passage.index}] ({passage.anchor or 'part ' + str(passage.index)}) {passage.note.strip()}"
+
+
 def reduce_messages(question: str, passages: list[Passage]) -> list[dict]:
     relevant = [p for p in passages if p.relevant]
-    notes = "\n".join(f"[{p.index}] ({p.anchor or 'part ' + str(p.index)}) {p.note.strip()}" for p in relevant)
+    notes = "\n".join(note_line(p) for p in relevant)
     return [
         {"role": "system", "content": "You answer questions about a document from notes taken on its parts."},
         {"role": "user", "content": (
@@ -80,6 +91,20 @@ def reduce_messages(question: str, passages: list[Passage]) -> list[dict]:
             f"Question: {question}\n\nAnswer from the notes only, and cite the [n] of each note you use."
         )},
     ]
+
+
+def notes_that_fit(ranked: list[Passage], line_tokens: list[int], room: int) -> tuple[list[Passage], int]:
+    """The notes the final prompt holds when their lines may take `room` tokens: the relevant notes
+    of `ranked` (best first), each line costing its `line_tokens` and one more for the line break,
+    as many of the best as fit; in document order, with how many relevant notes were left out."""
+    relevant = [(p, tokens) for p, tokens in zip(ranked, line_tokens, strict=True) if p.relevant]
+    kept, used = [], 0
+    for passage, tokens in relevant:
+        if used + tokens + 1 > room:
+            break
+        kept.append(passage)
+        used += tokens + 1
+    return sorted(kept, key=lambda p: p.index), len(relevant) - len(kept)
 
 
 def too_many_passages(passages: int, limit: int) -> OpenAIError | None:

@@ -52,6 +52,10 @@ class GatewayMetrics:
             "k25_gateway_unroutable_engines", "Engines in the registry that routing leaves out, by pool and reason "
             "(unhealthy, draining)", ["pool", "reason"], registry=self.registry,
         )
+        self.stalled_streams = Counter(
+            "k25_gateway_stalled_streams", "Streamed answers cancelled because their client took nothing of them for "
+            "--stream-stall-s", registry=self.registry,
+        )
         self.engine_retries = Counter(
             "k25_gateway_engine_retries", "Requests tried on another engine because one refused or failed them before "
             "their first token, by why (the engine's error code, unreachable, lost)", ["reason"], registry=self.registry,

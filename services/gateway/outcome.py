@@ -24,7 +24,7 @@ class RequestOutcome:
         """`pool`: the pool whose demand the request is (dispatch.demand_pool); None when no
         pool the gateway knows of would hold it."""
         self.gateway, self.pool, self.started = gateway, pool or "unrouted", started
-        self.adapter = job.adapter
+        self.adapter, self.tenant = job.adapter, job.tenant
         self.expected_cached_tokens = 0  # what the prefix index expected the chosen engine to hold
         self._first_token_seen = False
         self._done = False
@@ -84,7 +84,7 @@ class RequestOutcome:
         if adapter is not None:
             counted = canary_outcome(adapter.group, status)
             if counted is not None:
-                g.accounting.finished(adapter.name, adapter.version, now, now - self.started, counted)
+                g.accounting.finished(adapter.name, adapter.version, now, now - self.started, counted, self.tenant)
             g.metrics.lora_requests.labels(adapter.name, adapter.version, adapter.group, str(status)).inc()
             if not failed:
                 g.metrics.lora_latency.labels(adapter.name, adapter.group).observe(now - self.started)

@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass, field
 
 import redis
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from common.tokenizer import Tokenizer
 from proto import k25_pb2
@@ -26,6 +26,7 @@ from services.gateway.dispatch import Dispatcher, EngineLost, Job, demand_pool
 from services.gateway.engine_client import EngineConnections
 from services.gateway.engine_errors import RecentErrors
 from services.gateway.errors import OpenAIError, internal_error, invalid_request, overloaded
+from services.gateway.event_stream import EventStream
 from services.gateway.grammar_check import GrammarChecker
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_schema import SamplingFields
@@ -282,7 +283,7 @@ class Gateway:
     async def _open(self, job: Job, exclude: frozenset[str] = frozenset()):
         return await self.dispatcher.open_waiting(job, self.registry, self.settings.engine_wait_s, exclude)
 
-    async def stream(self, job: Job, shape: "ReplyShape", parent_span, epilogue=None) -> StreamingResponse:
+    async def stream(self, job: Job, shape: "ReplyShape", parent_span, epilogue=None) -> EventStream:
         """Start `job` and answer with its server-sent events. The engine is found before the
         response starts, so a refusal is still an HTTP error; `epilogue(text)` may add
         events after the answer, before [DONE]."""
@@ -293,10 +294,11 @@ class Gateway:
             self._failed(outcome, exc)
             raise
         outcome.opened(opened)
-        return StreamingResponse(
-            self._events(opened, job, shape, outcome, epilogue), media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
+        return self.event_stream(self._events(opened, job, shape, outcome, epilogue))
+
+    def event_stream(self, events) -> EventStream:
+        """A streamed answer of `events` that its client must keep reading (event_stream.py)."""
+        return EventStream(events, self.settings.stream_stall_s, self.metrics.stalled_streams)
 
     async def _events(self, opened, job: Job, shape: "ReplyShape", outcome: RequestOutcome, epilogue):
         created = int(time.time())

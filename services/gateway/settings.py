@@ -21,6 +21,7 @@ class GatewaySettings:
     max_tokens_limit: int = 8192
     max_body_bytes: int = 8 * 1024 * 1024
     body_timeout_s: float = 30.0  # a request body must arrive within this; later: 408
+    stream_stall_s: float = 30.0  # a streamed answer whose client takes nothing for this long is cancelled
     max_body_bytes_in_flight: int = 512 << 20  # what all the bodies held at once may take; beyond: 503
     max_inflight: int = 2048  # requests in flight beyond which new ones get 503 at once
     tokenizer_threads: int = 4  # threads that render chat templates and tokenise, off the event loop

@@ -1,29 +1,21 @@
-"""The rollout Redis contract against a real Redis: the state hash and its announcements,
-the per-version outcome buckets, and the p95 checked against numpy's percentile."""
+"""The rollout Redis contract against a real Redis: the state hash and its announcements."""
 
 import json
-import math
-import time
 
-import numpy as np
 import pytest
 
 from common.rollout_keys import (
-    LATENCY_BUCKETS,
     PROGRESSING,
     RolloutState,
     RolloutStateError,
-    adapter_stats_key,
     claim_rollout,
     read_all_rollouts,
     read_each_rollout,
     read_rollout,
-    record_version_outcomes,
     release_rollout,
     rollout_channel,
     rollout_index_key,
     rollout_key,
-    version_stats,
     versioned_name,
     write_rollout,
 )
@@ -181,81 +173,3 @@ def test_a_hash_with_missing_fields_names_them(redis_client):
     redis_client.hset("rel:rollout:legal", mapping={"stable_version": "v1"})
     with pytest.raises(RolloutStateError, match="missing field.*stable_source"):
         read_rollout(redis_client, "rel", "legal")
-
-
-def record(client, second, requests, errors, latencies, version="v2"):
-    pipe = client.pipeline()
-    record_version_outcomes(pipe, "rel", "legal", version, second, requests, errors, latencies)
-    pipe.execute()
-
-
-def test_outcomes_land_in_the_documented_per_second_hash_with_non_cumulative_buckets(redis_client):
-    record(redis_client, 1000, 4, 1, [0.05, 0.0500001, 0.3, 11.0])
-    record(redis_client, 1000, 1, 0, [0.3])  # a second gateway adds to the same bucket
-    key = "rel:adapter_stats:legal@v2:1000"
-    assert adapter_stats_key("rel", "legal", "v2", 1000) == key
-    raw = {k.decode(): float(v) for k, v in redis_client.hgetall(key).items()}
-    assert raw == pytest.approx({"requests": 5, "errors": 1, "latency_s_sum": 11.7000001,
-                                 "le_0.05": 1, "le_0.1": 1, "le_0.5": 2, "le_inf": 1})
-    assert 295 <= redis_client.ttl(key) <= 300
-
-
-def test_stats_sum_the_complete_seconds_of_the_window_only(redis_client):
-    now = 2000.7
-    record(redis_client, 2000, 50, 50, [0.01] * 50)  # the current second: still being written
-    record(redis_client, 1999, 10, 1, [0.01] * 10)
-    record(redis_client, 1997, 30, 2, [0.2] * 30)
-    record(redis_client, 1995, 40, 40, [9.0] * 40)  # just outside a 4 s window
-    record(redis_client, 1999, 99, 0, [0.01] * 99, version="v1")  # another version
-    stats = version_stats(redis_client, "rel", "legal", "v2", now, window_s=4)
-    assert (stats.requests, stats.errors) == (40, 3)
-    assert stats.error_rate == pytest.approx(3 / 40)
-    assert stats.p95_latency_s == 0.25  # the 38th of 40 latencies is 0.2 s, in (0.1, 0.25]
-    assert version_stats(redis_client, "rel", "legal", "v2", now, window_s=5).errors == 43
-
-
-def test_no_traffic_reads_as_zero_requests_without_rates(redis_client):
-    stats = version_stats(redis_client, "rel", "legal", "v2", time.time(), window_s=10)
-    assert (stats.requests, stats.errors, stats.error_rate, stats.p95_latency_s) == (0, 0, None, None)
-
-
-def bucket_bound(latency: float) -> float:
-    return min(bound for _, bound in LATENCY_BUCKETS if latency <= bound)
-
-
-@pytest.mark.parametrize("samples", [
-    np.random.default_rng(0).lognormal(mean=-1.5, sigma=1.0, size=1000),
-    np.random.default_rng(1).exponential(scale=0.4, size=37),
-    np.random.default_rng(2).uniform(0.0, 12.0, size=500),  # some above 10 s
-    np.array([0.05] * 95 + [1.0] * 5),  # exactly on bounds; the 95th of 100 is the last 0.05
-    np.array([0.05] * 94 + [1.0] * 6),
-    np.array([3.0]),
-], ids=["lognormal", "exponential-37", "uniform-to-12s", "on-bounds-95", "on-bounds-94", "one"])
-def test_p95_is_the_bound_of_the_bucket_holding_numpys_95th_percentile(redis_client, samples):
-    """numpy's inverted-CDF percentile is the nearest-rank p95 sample; ours must be the
-    upper bound of its bucket, whichever seconds the samples were spread over."""
-    expected = bucket_bound(float(np.percentile(samples, 95, method="inverted_cdf")))
-    for i, chunk in enumerate(np.array_split(samples, 7)):
-        record(redis_client, 3000 + i, len(chunk), 0, chunk.tolist())
-    assert version_stats(redis_client, "rel", "legal", "v2", 3008.0, window_s=10).p95_latency_s == expected
-
-
-@pytest.mark.parametrize("requests, errors, latencies, second, message", [
-    (-1, 0, [], 1, "requests must be a non-negative integer"),
-    (1, -1, [], 1, "errors must be a non-negative integer"),
-    (1, 2, [], 1, r"errors \(2\) must not exceed requests \(1\)"),
-    (1.5, 0, [], 1, "requests must be a non-negative integer"),
-    (1, 0, [-0.1], 1, "latencies must be non-negative"),
-    (1, 0, [math.nan], 1, "latencies must be non-negative"),
-    (1, 0, [0.1], 1.5, "epoch_second must be an integer"),
-])
-def test_bad_outcomes_are_refused_before_anything_is_written(redis_client, requests, errors, latencies, second, message):
-    with pytest.raises(ValueError, match=message):
-        record(redis_client, second, requests, errors, latencies)
-    assert redis_client.keys("*") == []
-
-
-@pytest.mark.parametrize("window", [0, 301, 2.0])
-def test_a_window_outside_the_buckets_life_is_refused(redis_client, window):
-    with pytest.raises(ValueError, match="window_s must be an integer from 1 to 300"):
-        version_stats(redis_client, "rel", "legal", "v2", 1000.0, window_s=window)

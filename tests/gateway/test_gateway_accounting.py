@@ -4,7 +4,7 @@ import pytest
 import redis
 
 from common.redis_keys import pool_qps
-from common.rollout_keys import version_stats
+from common.adapter_stats import version_stats
 from services.gateway.accounting import RequestAccounting, write_counts
 from tests.helpers.redis_server import redis_server  # noqa: F401  (fixture)
 
@@ -27,7 +27,7 @@ def test_only_buckets_someone_reads_are_written(redis_server):  # noqa: F811
     accounting = RequestAccounting("rel")
     accounting.arrived("short", 1009.0)
     accounting.arrived("short", 1009.1)
-    accounting.finished("legal", "v2", 1009.2, latency_s=0.25, failed=False)
+    accounting.finished("legal", "v2", 1009.2, latency_s=0.25, failed=False, tenant="acme")
     write_counts(client, "rel", accounting.take(1010.0))
     assert sorted(key.decode() for key in client.keys("*")) == [
         "rel:adapter_stats:legal@v2:1009", "rel:qps:short:1009", "rel:qps:short:1010"]
@@ -61,7 +61,7 @@ def test_counts_kept_while_redis_is_down_arrive_later(redis_server):  # noqa: F8
 def test_counts_older_than_redis_keeps_are_dropped_on_give_back():
     accounting = RequestAccounting("rel")
     accounting.arrived("short", 0.0)
-    accounting.finished("legal", "v1", 0.2, 0.1, failed=False)
+    accounting.finished("legal", "v1", 0.2, 0.1, failed=False, tenant="acme")
     taken = accounting.take(0.5)
     accounting.give_back(taken, now=10_000.0)
     assert not accounting.pending.pools and not accounting.pending.versions
@@ -73,8 +73,8 @@ def test_adapter_version_outcomes_are_what_the_canary_analysis_reads(redis_serve
     latencies = [0.03, 0.07, 0.2, 0.2, 0.4, 0.9, 2.0, 3.0, 7.0, 12.0]
     for i, latency in enumerate(latencies):
         accounting.arrived("short", 200.0)
-        accounting.finished("legal", "v2", 200.0 + i / 20, latency, failed=i == 9)
-    accounting.finished("legal", "v1", 200.6, 0.1, failed=False)
+        accounting.finished("legal", "v2", 200.0 + i / 20, latency, failed=i == 9, tenant="acme")
+    accounting.finished("legal", "v1", 200.6, 0.1, failed=False, tenant="acme")
     write_counts(client, "rel", accounting.take(201.0))
     canary = version_stats(client, "rel", "legal", "v2", now=201.0, window_s=5)
     assert (canary.requests, canary.errors) == (10, 1)

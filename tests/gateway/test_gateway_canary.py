@@ -153,5 +153,5 @@ def test_a_pinned_request_leaves_no_trace_in_the_version_statistics():
                   adapter=AdapterChoice("legal", "v2" if group == CANARY else "v1", group))
         RequestOutcome(gateway, "default", time.time(), job, False, trace.INVALID_SPAN).done(status)
     pending = gateway.accounting.pending.versions
-    counted = {(adapter, version): (c.requests, c.errors) for (adapter, version, _), c in pending.items()}
+    counted = {(adapter, version): (c.requests, c.errors) for (adapter, version, _, _), c in pending.items()}
     assert counted == {("legal", "v2"): (1, 1), ("legal", "v1"): (1, 0)}

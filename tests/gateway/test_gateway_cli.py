@@ -27,6 +27,8 @@ def test_pools_are_read_as_name_and_chunk_size():
     (["--engine-error-window-s", "0"], "--engine-error-window-s must be positive"),
     (["--max-document-passages", "0"], "--max-document-passages must be at least 1"),
     (["--body-timeout-s", "0"], "--body-timeout-s must be positive"),
+    (["--stream-stall-s", "0"], "--stream-stall-s must be positive"),
+    (["--stream-stall-s", "nan"], "--stream-stall-s must be positive"),
     (["--max-body-bytes", "1000", "--max-body-bytes-in-flight", "999"],
      "--max-body-bytes-in-flight must be at least --max-body-bytes (or no body of that size could ever be read)"),
 ])

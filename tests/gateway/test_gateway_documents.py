@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from opentelemetry import trace
 from prometheus_client.parser import text_string_to_metric_families
 
+from common.redis_keys import live_engines
 from common.tokenizer import load_tokenizer
 from services.gateway.api_keys import ANONYMOUS
 from services.gateway.admission import Ticket
@@ -28,6 +29,8 @@ from services.gateway.documents import (
     Passage,
     citations,
     map_messages,
+    note_line,
+    notes_that_fit,
     question_cost,
     reduce_messages,
     take_notes,
@@ -61,6 +64,25 @@ def test_reduce_prompt_keeps_only_notes_that_bear_on_the_question():
     user = reduce_messages("Who may terminate?", passages)[1]["content"]
     assert "[1] (Section 1) Either party may terminate" in user
     assert "[2]" not in user and "[3]" not in user and "[4]" not in user
+
+
+@pytest.mark.parametrize("tokens, room, kept, left_out", [
+    ([10, 10, 10], 33, [3, 1, 2], 0),  # each line costs its tokens and a line break
+    ([10, 10, 10], 32, [3, 1], 1),
+    ([10, 30, 5], 20, [3], 2),  # the best that fit, not a smaller note further down the ranking
+    ([10, 10, 10], 5, [], 3),
+    ([10, 10, 10], -50, [], 3),  # max_tokens alone over the context
+])
+def test_the_answer_holds_the_best_ranked_notes_that_fit_in_document_order(tokens, room, kept, left_out):
+    ranked = [passage(3, "c"), passage(1, "a"), passage(2, "b")]  # best first
+    fitted, left = notes_that_fit(ranked, tokens, room)
+    assert [p.index for p in fitted] == sorted(kept) and left == left_out
+
+
+def test_notes_that_bear_on_nothing_cost_no_room_and_are_not_counted_as_left_out():
+    ranked = [passage(1, NOTHING), passage(2, "b"), passage(3, "  "), passage(4, "d")]
+    assert notes_that_fit(ranked, [0, 10, 0, 10], room=11) == ([ranked[1]], 1)
+    assert note_line(passage(2, " b ", anchor="")) == "[2] (part 2) b"
 
 
 def test_citations_are_the_cited_passages_in_order_of_citation():
@@ -224,7 +246,7 @@ def test_ask_streams_the_passages_read_its_progress_then_the_answer_then_the_cit
     assert all(p["object"] == "chat.completion.chunk" for p in answer)
     assert "".join(p["choices"][0]["delta"].get("content", "") for p in answer)
     assert payloads[-1]["object"] == "document.citations" and payloads[-1]["citations"]
-    assert payloads[-1]["passages_read"] == chosen["passages_read"]
+    assert payloads[-1]["passages_read"] == chosen["passages_read"] and payloads[-1]["notes_left_out"] == 0
 
 
 @pytest.mark.slow
@@ -304,6 +326,22 @@ def test_a_tenant_whose_rate_cannot_pay_for_the_whole_question_gets_429_before_a
     assert error is not None and error.status == 429 and error.code == "rate_limit_exceeded"
     assert "at most" in error.message and error.headers == {"x-should-retry": "false"}  # it never fits: no retry
     assert deadlines == []
+
+
+@pytest.mark.slow
+def test_notes_past_the_context_are_left_out_by_rank_and_counted(stack):
+    """Eight notes of a quarter of the context each are twice what the final prompt can hold: the
+    answer holds the best-ranked notes that fit and says how many were left out (before, the
+    final prompt was longer than the context: 400 context_length_exceeded after every note ran)."""
+    context = max(entry["max_model_len"] for entry in live_engines(redis_client(stack), UP_RELEASE).values())
+    body = {"model": "tiny-random", "document": CONTRACT.read_text()[:3000], "question": "What are the fees?",
+            "passage_tokens": 16, "passages": 8, "note_max_tokens": context // 4, "max_tokens": 4}
+    response = httpx.post(f"{stack.url}/v1/documents/ask", json=body, timeout=300)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["notes_left_out"] >= 1
+    read = [p["index"] for p in answer["passages_read"]]
+    assert {c["index"] for c in answer["citations"]} <= set(read)
 
 
 def test_a_question_costs_every_note_then_an_answer_holding_every_note():

@@ -146,6 +146,26 @@ def test_a_malformed_rollout_index_member_costs_only_its_own_adapter(redis_clien
     assert len(logged) == 2 and "rollout no such:name!" in logged[0] and "rollout tax" in logged[1]
 
 
+def test_registry_values_that_are_not_text_cost_only_their_own_entries(redis_client, clock, caplog):
+    """An index member, a rollout field or an engine id that is not UTF-8 used to raise out of
+    every refresh: the gateway's engines and canary weights froze."""
+    write_rollout(redis_client, "rel", "legal", CANARY)
+    write_rollout(redis_client, "rel", "tax", CANARY)
+    register_engine(redis_client, "rel", "a", entry("a", 5.0), ttl_s=REDIS_TTL_S)
+    view = RegistryView(redis_client, "rel")
+    refresh_at(view, clock, 1000.0)
+    redis_client.sadd(rollout_index_key("rel"), b"\xff\xfe")
+    redis_client.hset(rollout_key("rel", "tax"), "allow_list", b"[\"\xff\"]")
+    register_engine(redis_client, "rel", b"\xfe", entry("a", 5.0), ttl_s=REDIS_TTL_S)  # an id that is not UTF-8
+    register_engine(redis_client, "rel", "b", entry("a", 5.0), ttl_s=REDIS_TTL_S)
+    write_rollout(redis_client, "rel", "legal", replace(CANARY, canary_weight=50))
+    with caplog.at_level(logging.WARNING, logger=registry_view.__name__):
+        assert refresh_at(view, clock, 1001.0) == {"a", "b"}
+    assert view.rollouts["legal"].canary_weight == 50 and view.rollouts["tax"].canary_weight == 20
+    logged = sorted(r.getMessage() for r in caplog.records)
+    assert len(logged) == 2 and "not UTF-8" in logged[0] and "rollout tax" in logged[1]
+
+
 def test_waiting_for_a_refresh_ends_with_the_next_one(redis_client):
     view = RegistryView(redis_client, "rel")
 

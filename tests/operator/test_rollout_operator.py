@@ -12,7 +12,8 @@ import pytest
 import redis
 
 from common.redis_keys import register_engine
-from common.rollout_keys import read_rollout, record_version_outcomes, rollout_channel
+from common.adapter_stats import record_version_outcomes
+from common.rollout_keys import read_rollout, rollout_channel
 from operators.config import OperatorConfig
 from tests.helpers.operator_harness import NS, ROLLOUTS, cluster, create_resource, operator, running_operator, stored, wait_for  # noqa: F401
 from tests.helpers.redis_server import redis_server  # noqa: F401  (fixture)

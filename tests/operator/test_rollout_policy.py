@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.rollout_keys import LATENCY_BUCKETS, VersionStats
+from common.adapter_stats import LATENCY_BUCKETS, VersionStats
 from operators.rollout_policy import RolloutStatus, decide_step, readiness, recovered_status
 from operators.rollout_spec import parse_rollout_spec
 

@@ -53,6 +53,7 @@ def test_a_minimal_spec_is_accepted_with_the_documented_defaults():
     assert (crd_defaults["maxErrorRate"], spec.max_error_rate) == (0.01, 0.01)
     assert (crd_defaults["maxP95LatencyMs"], spec.max_p95_latency_s) == (10000, 10.0)
     assert (crd_defaults["minRequestsPerStep"], spec.min_requests_per_step) == (100, 100)
+    assert (crd_defaults["maxRequestsPerTenant"], spec.max_requests_per_tenant) == (10, 10)
     assert (crd_defaults["failureThreshold"], spec.failure_threshold) == (3, 3)
     assert (crd_defaults["allowList"], spec.allow_list) == ([], ())
 
@@ -71,6 +72,7 @@ BAD = [
     ({"maxErrorRate": -0.1}, "minimum", "spec.maxErrorRate must be from 0 to 1"),
     ({"maxP95LatencyMs": 0}, "minimum", "spec.maxP95LatencyMs must be at least 1"),
     ({"minRequestsPerStep": 0}, "minimum", "spec.minRequestsPerStep must be at least 1"),
+    ({"maxRequestsPerTenant": 0}, "minimum", "spec.maxRequestsPerTenant must be at least 1"),
     ({"failureThreshold": 0}, "minimum", "spec.failureThreshold must be at least 1"),
     ({"allowList": [""]}, "non-empty", "spec.allowList must be a list of user ids"),
     ({"adapter": "legal@v2"}, "does not match", "spec.adapter must be"),

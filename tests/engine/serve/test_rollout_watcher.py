@@ -114,11 +114,11 @@ def test_an_unexpected_error_is_logged_with_its_traceback_and_the_watcher_goes_o
     watching.wait_for_adapters("legal@legal1")
 
     with caplog.at_level(logging.ERROR, logger="engine.serve.rollout_watcher"):
-        watching.redis.hset(rollout_key(RELEASE, "legal"), "stable_source", b"\xff\xfe")  # not text: reading it raises
-        watching.redis.publish(rollout_channel(RELEASE), "legal")
+        # a path with a NUL byte is a state within the contract, but no file system takes it
+        write_rollout(watching.redis, RELEASE, "legal", version_from(watching.root, "legal\x00", "nul"))
         record = wait_until(lambda: next((r for r in caplog.records if "goes on" in r.message), None),
                             timeout_s=60, what="the watcher logging the error")
-    assert record.exc_info is not None and isinstance(record.exc_info[1], UnicodeDecodeError)
+    assert record.exc_info is not None and isinstance(record.exc_info[1], ValueError)
 
     shutil.copytree(watching.root / "legal1", watching.root / "legal9", dirs_exist_ok=True)
     write_rollout(watching.redis, RELEASE, "legal", version_from(watching.root, "legal9"))  # a good state again
@@ -179,3 +179,28 @@ def test_a_malformed_rollout_index_member_costs_only_its_own_adapter(watching, w
         wait_until(lambda: "bad@name" in caplog.text and "broken" in caplog.text, timeout_s=30,
                    what="the malformed members logged")
     assert served(watching.server, prompt, "v1") == "final"
+
+
+def test_rollout_states_that_are_not_text_cost_only_their_own_adapters_and_are_counted(watching, world, caplog):
+    """An index member that is not UTF-8, a hash with a field that is not, and an announcement of
+    either are skipped, logged once and counted; every other adapter loads and the subscription
+    stays (before, reading them raised out of every reconcile, so no adapter loaded at all)."""
+    _, root, prompt = world
+    watching.redis.sadd(f"{RELEASE}:rollout_adapters", b"\xff\xfe", "garbled")
+    watching.redis.hset(rollout_key(RELEASE, "garbled"), "stable_source", b"\xff\xfe")
+    with caplog.at_level(logging.INFO, logger="engine.serve.rollout_watcher"):
+        write_rollout(watching.redis, RELEASE, "legal", version_from(root, "legal1", "v1"))
+        watching.redis.client_kill_filter(_type="pubsub")  # the watcher subscribes again and reconciles every adapter
+        watching.wait_for_adapters("legal@v1")
+        unusable = watching.server.metrics.unusable_rollout_states
+        wait_until(lambda: unusable._value.get() == 2, timeout_s=30, what="the two unusable states counted")
+        watching.redis.publish(rollout_channel(RELEASE), b"\xff\xfe")  # announced: skipped again, not resubscribed
+        watching.redis.publish(rollout_channel(RELEASE), "garbled")
+        shutil.copytree(root / "legal1", root / "legal2", dirs_exist_ok=True)
+        write_rollout(watching.redis, RELEASE, "legal", version_from(root, "legal2", "v2"))
+        watching.wait_for_adapters("legal@v2")
+    skipped = [r.message for r in caplog.records if "unusable" in r.message]
+    assert len(skipped) == 2 and "garbled" in skipped[1] and "not UTF-8" in skipped[1]
+    assert not any("goes on" in r.message for r in caplog.records)
+    assert unusable._value.get() == 2
+    assert served(watching.server, prompt, "v2") == "final"
