@@ -330,7 +330,7 @@ async def _run_mode(args, sweep: list[float] | None) -> dict:
         if sweep is not None:
             levels = []
             for qps in sweep:
-                specs = workload(lambda rng: poisson_arrivals(qps, args.duration, rng))
+                specs = workload(lambda rng, qps=qps: poisson_arrivals(qps, args.duration, rng))
                 _, summary = await measure(client, url, model, specs, f"{qps:g} QPS", cpu)
                 levels.append({"qps": qps, **summary})
             report |= {"mode": "sweep", "duration_s": args.duration, "ttft_limit_ms": args.ttft_limit_ms,
