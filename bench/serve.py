@@ -22,6 +22,7 @@ import httpx
 import numpy as np
 from tqdm import tqdm
 
+from bench.gateway_counters import read_counters, tier_shares
 from bench.process_cpu import CpuMeter, ProcessGone, parse_cpu_of
 from bench.serve_basics import CannotBenchmark, error_message_of, poisson_times
 from bench.serve_report import report_lines
@@ -223,12 +224,16 @@ async def run_workload(client: httpx.AsyncClient, url: str, model: str, specs: l
 async def measure(client: httpx.AsyncClient, url: str, model: str, specs: list[RequestSpec], label: str,
                   cpu: CpuMeter) -> tuple[list[RequestResult], dict]:
     """Run `specs` under a progress bar on stderr; (results, summary), the summary with the CPU
-    milliseconds per completed request of each watched process."""
+    milliseconds per completed request of each watched process and, from a K25 gateway's counters,
+    the share of prompt tokens each KV tier served."""
     cpu.start()
+    counted_before = await read_counters(client, url)
     with tqdm(total=len(specs), desc=label, unit="req", file=sys.stderr) as bar:
         results, wall_s = await run_workload(client, url, model, specs, on_done=bar.update)
     summary = summarize(results, wall_s)
-    return results, summary | {"cpu_ms_per_request": cpu.per_request(summary["completed"])}
+    counted_after = await read_counters(client, url) if counted_before is not None else None
+    by_tier = tier_shares(counted_before, counted_after) if counted_after is not None else None
+    return results, summary | {"cpu_ms_per_request": cpu.per_request(summary["completed"]), "cached_share_by_tier": by_tier}
 
 
 def streams_at_once(results: list[RequestResult]) -> dict:
@@ -325,7 +330,7 @@ async def _run_mode(args, sweep: list[float] | None) -> dict:
         if sweep is not None:
             levels = []
             for qps in sweep:
-                specs = workload(lambda rng: poisson_arrivals(qps, args.duration, rng))
+                specs = workload(lambda rng, qps=qps: poisson_arrivals(qps, args.duration, rng))
                 _, summary = await measure(client, url, model, specs, f"{qps:g} QPS", cpu)
                 levels.append({"qps": qps, **summary})
             report |= {"mode": "sweep", "duration_s": args.duration, "ttft_limit_ms": args.ttft_limit_ms,

@@ -36,6 +36,8 @@ def _summary_lines(s: dict) -> list[str]:
     share = s["cached_share"]
     lines.append(f"prefix cache  {share:.1%} of prompt tokens reported cached" if share is not None
                  else "prefix cache  the server reported no cached tokens (prompt_tokens_details)")
+    if s.get("cached_share_by_tier"):
+        lines.append("  by KV tier  " + ", ".join(f"{tier} {share:.1%}" for tier, share in s["cached_share_by_tier"].items()))
     if s.get("valid_share") is not None:
         lines.append(f"valid         {s['valid_share']:.1%} of the structured answers validate")
     for key, name in (("ttft_ms", "TTFT"), ("itl_ms", "inter-token"), ("e2e_ms", "end-to-end"), ("send_lag_ms", "send lag")):

@@ -130,7 +130,8 @@ def _final(output: RequestOutput) -> k25_pb2.Final:
         finish_reason=_FINISH_REASONS[output.finish_reason],
         usage=k25_pb2.Usage(
             prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens, pad_tokens=usage.pad_tokens,
-            cached_tokens=usage.cached_tokens,
+            cached_tokens=usage.cached_tokens, host_cached_tokens=usage.host_cached_tokens,
+            disk_cached_tokens=usage.disk_cached_tokens,
         ),
         timings=k25_pb2.Timings(
             queued_s=timings.queued_s,

@@ -40,6 +40,12 @@ class GatewayMetrics:
             "reported: hit (expected cached, was), miss (expected cached, was not: a stale index), unexpected_hit, none",
             ["result"], registry=self.registry,
         )
+        self.prompt_tokens = Counter(
+            "k25_gateway_prompt_tokens", "Prompt tokens of the requests engines finished (pads excluded), by pool",
+            ["pool"], registry=self.registry)
+        self.cached_prompt_tokens = Counter(
+            "k25_gateway_cached_prompt_tokens", "Of those, the tokens whose KV an engine already held, by pool and the "
+            "KV tier it came from (device, host, disk)", ["pool", "tier"], registry=self.registry)
         self.prefix_index_blocks = Gauge(
             "k25_gateway_prefix_index_blocks", "Block hashes in the cache-aware routing index", registry=self.registry
         )

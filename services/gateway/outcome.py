@@ -67,7 +67,12 @@ class RequestOutcome:
         })
         expected, found = self.expected_cached_tokens > 0, final.usage.cached_tokens > 0
         result = {(True, True): "hit", (True, False): "miss", (False, True): "unexpected_hit", (False, False): "none"}
-        self.gateway.metrics.prefix_routing.labels(result[expected, found]).inc()
+        metrics, usage = self.gateway.metrics, final.usage
+        metrics.prefix_routing.labels(result[expected, found]).inc()
+        metrics.prompt_tokens.labels(self.pool).inc(usage.prompt_tokens)
+        lower_tiers = {"host": usage.host_cached_tokens, "disk": usage.disk_cached_tokens}
+        for tier, tokens in {"device": usage.cached_tokens - sum(lower_tiers.values()), **lower_tiers}.items():
+            metrics.cached_prompt_tokens.labels(self.pool, tier).inc(max(0, tokens))
 
     def done(self, status: int) -> None:
         if self._done:

@@ -327,6 +327,8 @@ def test_document_qa_reports_the_share_of_prompt_served_from_cache(stack):
     # (all 10 of its blocks of 16); a question that arrives while its document is still being
     # computed finds less
     assert report["cached_share"] is not None and 0 <= report["cached_share"] <= 4 * 160 / (6 * 168)
+    # the gateway's counters saw the same prompts: the tiers' shares add up to what the answers said
+    assert sum(report["cached_share_by_tier"].values()) == pytest.approx(report["cached_share"])
     assert "prefix cache" in bench(stack, "--qps", "4", "--documents", "1", "--questions", "1", "--document-tokens", "16",
                                    "--prompt-tokens", "4", "4", "--max-tokens", "1", "1").stdout
 

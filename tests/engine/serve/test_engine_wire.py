@@ -71,6 +71,13 @@ def test_a_delta_then_a_final_with_usage_and_timings():
     assert final.final.timings.prefill_chunks == 1
 
 
+def test_the_final_says_which_kv_tier_held_the_cached_prompt():
+    usage = Usage(100, 2, 0, cached_tokens=64, host_cached_tokens=32, disk_cached_tokens=16)
+    _, final = messages_from_output(RequestOutput("r1", token_ids=[7], finish_reason=FinishReason.LENGTH, usage=usage))
+    sent = final.final.usage
+    assert (sent.cached_tokens, sent.host_cached_tokens, sent.disk_cached_tokens) == (64, 32, 16)
+
+
 def test_an_unfinished_step_is_one_delta_and_an_empty_one_is_nothing():
     assert kinds(messages_from_output(RequestOutput("r1", token_ids=[1]))) == ["delta"]
     assert messages_from_output(RequestOutput("r1")) == []
