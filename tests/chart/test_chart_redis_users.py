@@ -10,15 +10,14 @@ import pytest
 import redis
 
 from common.redis_keys import live_engines, pool_qps, record_requests, register_engine, unregister_engine
+from common.adapter_stats import record_version_outcomes, version_stats
 from common.rollout_keys import (
     RolloutState,
     claim_rollout,
     read_each_rollout,
     read_rollout,
-    record_version_outcomes,
     release_rollout,
     rollout_channel,
-    version_stats,
     write_rollout,
 )
 from services.gateway.document_store import DocumentStore, StoreLimits
