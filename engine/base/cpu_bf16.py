@@ -1,7 +1,7 @@
 """Whether torch multiplies bfloat16 at speed on this CPU: through oneDNN, which needs AVX512-BW/VL/DQ
-or AVX-NE-CONVERT (or AMX). On an AVX2-only CPU it refuses, and torch emulates a bf16 matmul, ~25x
-slower than float32 on a 200-row prefill here; the engine's own kernels and its quantised weights'
-dequantised matmul then run in float32 instead."""
+or AVX-NE-CONVERT (or AMX). On an AVX2-only CPU it refuses and torch emulates the bf16 matmul
+(SmolLM2's int4 prefill through it took 22x the time of float32 here), so the engine's AVX2
+projection widens bf16 to float32 and the quantised weights' dequantised matmul runs in float32."""
 
 import functools
 
