@@ -113,6 +113,7 @@ def parse_pool_spec(spec: dict) -> EnginePoolSpec:
     if max_chunk is None and node_type not in MAX_CHUNK_PER_GPU:
         raise PoolSpecError(f"spec.maxChunkPerGpu is required for node type {node_type!r}, which has no "
                             f"hardware profile (known: {', '.join(MAX_CHUNK_PER_GPU)})")
+    engine_settings = _engine_settings(spec)
     parsed = EnginePoolSpec(
         node_type=node_type,
         model=str(spec["model"]),
@@ -134,9 +135,9 @@ def parse_pool_spec(spec: dict) -> EnginePoolSpec:
         ttft_slo_s=None if spec.get("ttftSloSeconds") is None else _positive(spec, "ttftSloSeconds", 0),
         pod_annotations=_string_map(spec, "podAnnotations"),
         lora=None if spec.get("lora") is None else _lora(spec["lora"]),
-        engine_settings=_engine_settings(spec),
+        engine_settings=engine_settings,
         drain_timeout_s=_integer(spec, "drainTimeoutSeconds", DEFAULT_DRAIN_TIMEOUT_S, least=0, most=MAX_DRAIN_TIMEOUT_S),
-        resources=_resources(spec.get("resources")),
+        resources=_resources(spec.get("resources"), engine_settings),
         priority_class_name=spec.get("priorityClassName") or None,
         model_sha256=_model_sha256(spec.get("modelSha256") or {}),
     )
@@ -211,9 +212,16 @@ def _engine_settings(spec: dict) -> dict[str, object]:
         raise PoolSpecError(str(exc)) from None
 
 
-def _resources(value) -> dict[str, dict[str, str]]:
+def _setting(engine_settings: dict[str, object], name: str):
+    return engine_settings.get(name, BY_NAME[name].default)
+
+
+def _resources(value, engine_settings: dict[str, object]) -> dict[str, dict[str, str]]:
+    # K25's engine keeps a KV host tier unless prefix caching is off; vLLM's has none of ours
+    tiers = _setting(engine_settings, "backend") == "k25" and _setting(engine_settings, "prefix_caching")
+    host_tier_gib = _setting(engine_settings, "kv_host_tier_gib") if tiers else 0
     try:
-        return parse_resources(value)
+        return parse_resources(value, host_tier_gib)
     except ValueError as exc:
         raise PoolSpecError(f"spec.resources {exc}") from None
 

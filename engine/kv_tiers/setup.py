@@ -1,5 +1,7 @@
 """Building the tiers an engine's settings ask for, at start: the host pool sized to the
-setting, capped at half the host memory available now; the disk tier if a path is given.
+setting, capped at half the host memory available now (within the container's memory limit,
+since the pool's pages are touched only as blocks arrive: a pool past the limit would be an
+OOM kill mid-request); the disk tier if a path is given.
 
 A disk path that cannot be used is a start error (EngineConfigError), never a failure
 mid-request; a host tier that cannot get its memory is logged and the engine runs without it."""
@@ -23,15 +25,43 @@ GIB = 1 << 30
 HOST_SHARE_CAP = 0.5  # of the host memory available at start
 
 
-def available_host_bytes() -> int:
+CGROUP_ROOT = "/sys/fs/cgroup"
+# (limit, usage) files of cgroup v2, then v1, under CGROUP_ROOT
+CGROUP_MEMORY_FILES = (("memory.max", "memory.current"), ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes"))
+UNLIMITED = 1 << 60  # cgroup v1 writes "no limit" as a number near 2**63
+
+
+def cgroup_headroom_bytes(root: str = CGROUP_ROOT) -> int | None:
+    """What this process's memory cgroup (a container's limit) still allows, or None without a limit.
+    A pod's limit is not in /proc/meminfo, which shows the node's memory."""
+    for limit_file, usage_file in CGROUP_MEMORY_FILES:
+        try:
+            with open(os.path.join(root, limit_file)) as f:
+                limit = f.read().strip()
+            with open(os.path.join(root, usage_file)) as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or not limit.isdigit() or int(limit) >= UNLIMITED:
+            return None
+        return max(0, int(limit) - usage)
+    return None
+
+
+def available_host_bytes(cgroup_root: str = CGROUP_ROOT) -> int:
+    """Host memory this engine may still take: the node's available memory, within its container's limit."""
+    available = None
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    available = int(line.split()[1]) * 1024
     except OSError:
         pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    if available is None:
+        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    headroom = cgroup_headroom_bytes(cgroup_root)
+    return available if headroom is None else min(available, headroom)
 
 
 def build_tier_store(config: EngineConfig, model_source: str, model_config_text: str, kv: KVCache,

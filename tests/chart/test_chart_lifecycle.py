@@ -62,7 +62,8 @@ def test_the_request_deadline_sets_the_gateways_and_every_pools_drain(tmp_path):
 
 def test_engines_ask_for_cpu_and_memory_and_take_the_priority_class_named(tmp_path):
     by_default = {name: parse_pool_spec(spec) for name, spec in pools(rendered(None)).items()}
-    assert all(spec.resources == {"requests": {"cpu": "1", "memory": "4Gi"}} and spec.priority_class_name is None
+    # 4Gi and the KV host tier's 4 GiB by default
+    assert all(spec.resources == {"requests": {"cpu": "1", "memory": "8Gi"}} and spec.priority_class_name is None
                for spec in by_default.values())
     own = {"requests": {"cpu": 8, "memory": "48Gi"}, "limits": {"memory": "64Gi"}}
     objects = rendered_with(yaml.safe_dump({"engine": {

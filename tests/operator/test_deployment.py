@@ -61,7 +61,7 @@ def test_the_engine_gets_chunk_size_max_chunk_node_type_pool_release_and_listens
     assert {"name": "K25_RELEASE", "value": "prod"} in container["env"]
     # the kubelet expands $(POD_IP) only from a variable defined in the container's env
     assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in container["env"]
-    assert container["resources"] == {"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"nvidia.com/gpu": "1"}}
+    assert container["resources"] == {"requests": {"cpu": "1", "memory": "8Gi"}, "limits": {"nvidia.com/gpu": "1"}}
 
 
 def test_the_redis_url_and_its_password_come_from_the_releases_secret_never_in_the_pod_spec():
@@ -145,7 +145,7 @@ def test_max_chunk_auto_and_the_expected_chunks_reach_the_engine_as_the_cli_read
 
 def test_a_cpu_pool_asks_for_no_gpu_tolerates_no_gpu_taint_and_runs_on_the_cpu():
     pod = manifest(nodeType="CPU", maxChunkPerGpu=1)["spec"]["template"]["spec"]
-    assert pod["containers"][0]["resources"] == {"requests": {"cpu": "1", "memory": "4Gi"}}  # never BestEffort
+    assert pod["containers"][0]["resources"] == {"requests": {"cpu": "1", "memory": "8Gi"}}  # never BestEffort
     assert pod["tolerations"] == []
     args = pod["containers"][0]["args"]
     assert args[args.index("--device") + 1] == "cpu"

@@ -31,6 +31,14 @@ def test_by_default_an_engine_requests_cpu_and_memory_and_its_gpus_and_spreads_o
     assert "priorityClassName" not in spec
 
 
+def test_by_default_a_k25_engine_also_requests_the_memory_of_its_kv_host_tier():
+    """The tier's pages are touched as blocks arrive: unrequested, they would overcommit the node."""
+    assert pod()["containers"][0]["resources"]["requests"] == {"cpu": "1", "memory": "8Gi"}  # 4Gi + the 4 GiB default
+    assert pod(kvHostTierGib=10.5)["containers"][0]["resources"]["requests"]["memory"] == "15Gi"
+    assert pod(kvHostTierGib=0)["containers"][0]["resources"]["requests"]["memory"] == "4Gi"
+    assert pod(prefixCaching=False)["containers"][0]["resources"]["requests"]["memory"] == "4Gi"  # no tiers then
+
+
 def test_the_pools_resources_and_priority_class_reach_the_pod():
     spec = pod(resources={"requests": {"cpu": 4, "memory": "32Gi"}, "limits": {"memory": "64Gi"}},
                priorityClassName="inference-high")
