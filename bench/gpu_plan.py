@@ -70,6 +70,10 @@ def gpu_plan(quick: bool, model: str | None, vllm_missing: str | None) -> Plan:
                      steps=8 if quick else 32, chunk_size=256, bandwidth_bytes=1 << 30), 75),
         served_by("k25", 120),
         served_by("vllm", 150, skipped=f"vLLM not installed ({vllm_missing})" if vllm_missing else None),
+        # last: what time the comparison with vLLM leaves; float32, where restored and recomputed KV agree
+        Section("kv_tiers", "bench.kv_tier_check:kv_tier_check",
+                dict(model=model, device="cuda", dtype="float32", documents=6, doc_tokens=900 if quick else 1800,
+                     rounds=3, device_chunks=8 if quick else 16, chunk_size=256), 60),
     ], GPU_TOTAL_BUDGET_S)
 
 
@@ -92,4 +96,7 @@ def cpu_plan() -> Plan:
                      engine_flags=["--device=cpu", "--max-chunk-per-gpu=8", "--kv-host-tier-gib=0"]), 300),
         Section("serve_vllm", "bench.backend_serve:serve_backend", {}, 0,
                 skipped="a CPU run measures the k25 backend only (the vLLM backend is compared on a GPU)"),
+        Section("kv_tiers", "bench.kv_tier_check:kv_tier_check",
+                dict(model="tiny-random", device="cpu", dtype="float32", documents=3, doc_tokens=60, rounds=2,
+                     device_chunks=4, chunk_size=32), 300),
     ], CPU_TOTAL_BUDGET_S)

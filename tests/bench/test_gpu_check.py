@@ -13,7 +13,7 @@ from bench.gpu_check import STOP_GRACE_S, run_section
 from bench.gpu_plan import GPU_TOTAL_BUDGET_S, cpu_plan
 
 K25 = [sys.executable, "-m", "k25.cli"]
-SECTIONS = {"graph_replay", "attention", "decode_roofline", "serve_k25", "serve_vllm"}
+SECTIONS = {"graph_replay", "attention", "decode_roofline", "serve_k25", "serve_vllm", "kv_tiers"}
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="what a run does where no CUDA device is")
 
 
@@ -91,3 +91,9 @@ def test_allow_cpu_runs_every_section_in_its_reduced_size(tmp_path):
     serve = figures["serve_k25"]
     assert serve["completed"] == 4 and serve["failed"] == 0 and serve["output_tokens_per_s"] > 0
     assert serve["report"]["output_tokens"] == 4 * 4
+
+    tiers = figures["kv_tiers"]
+    assert "no CUDA device" in tiers["note"] and tiers["host_pool_pinned"] is False
+    # every document after the first round came back from host memory, and answered the same
+    assert tiers["all_tokens_match"] and tiers["questions"] == 6
+    assert tiers["restored_blocks"] > 0 and tiers["host_hit_tokens"] > 0 and tiers["bytes_to_device"] > 0
