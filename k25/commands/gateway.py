@@ -1,5 +1,6 @@
 """`k25 gateway`: the OpenAI-compatible HTTP gateway in front of the engine pools."""
 
+import functools
 import os
 import sys
 
@@ -75,6 +76,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     import redis
     import uvicorn
+    from uvicorn.main import STARTUP_FAILURE
 
     from common.model_source import ModelLoadError
     from common.tokenizer import load_tokenizer
@@ -82,6 +84,7 @@ def run(args) -> int:
     from common.zmq_curve import CurveKeyError, keys_from_env
     from services.gateway.api_keys import ApiKeysError, ApiKeysFile
     from services.gateway.app import create_app
+    from services.gateway.graceful_stop import Drain, DrainingH11Protocol
     from services.gateway.service import Gateway
     from services.gateway.settings import GatewaySettings
 
@@ -118,15 +121,18 @@ def run(args) -> int:
         print(f"k25 gateway: {exc}", file=sys.stderr)
         return 2
     client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=0.5, socket_timeout=1.0)
-    app = create_app(Gateway(settings, tokenizer, client), api_keys)
+    drain = Drain()
+    app = create_app(Gateway(settings, tokenizer, client), api_keys, drain)
     tracing = setup_tracing("k25-gateway")
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=drain_timeout_s,
+        http=functools.partial(DrainingH11Protocol, drain=drain)))
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                    timeout_graceful_shutdown=drain_timeout_s)
+        server.run()
     finally:
         if tracing is not None:
             tracing.shutdown()
-    return 0
+    return 0 if server.started else STARTUP_FAILURE
 
 
 def _bad_flags(settings) -> str | None:
