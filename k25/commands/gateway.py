@@ -21,6 +21,9 @@ def register(subparsers) -> None:
                    help="JSON file of hashed API keys and tenant limits (see `k25 api-key`), re-read when it changes; "
                         "without one no key is asked for")
     p.add_argument("--chunker-address", default=None, help="host:port of the chunker service")
+    p.add_argument("--chunker-timeout-s", type=float, default=60.0,
+                   help="how long a document request waits for the chunker to cut its text; then 504, so that a hung "
+                   "chunker costs its callers this long, not their whole deadline (default 60)")
     p.add_argument("--request-timeout-s", type=float, default=600.0, help="deadline of each request (default 600)")
     p.add_argument("--drain-timeout-s", type=float, default=None, metavar="SECONDS",
                    help="on SIGTERM the gateway stops accepting connections (its readiness fails) and lets the "
@@ -95,7 +98,7 @@ def run(args) -> int:
         return 2
     settings = GatewaySettings(
         model=args.model, served_model_name=args.served_model_name, redis_url=args.redis_url, release=args.release,
-        api_keys_file=args.api_keys_file, chunker_address=args.chunker_address,
+        api_keys_file=args.api_keys_file, chunker_address=args.chunker_address, chunker_timeout_s=args.chunker_timeout_s,
         request_timeout_s=args.request_timeout_s, max_tokens_limit=args.max_tokens_limit,
         max_body_bytes=args.max_body_bytes, max_inflight=args.max_inflight, body_timeout_s=args.body_timeout_s,
         stream_stall_s=args.stream_stall_s,
@@ -150,6 +153,8 @@ def _bad_flags(settings) -> str | None:
             return f"{flag} must be at least 1"
     if len({name for name, _ in settings.pools}) != len(settings.pools):
         return "each --pool needs its own name"
+    if not settings.chunker_timeout_s > 0:  # NaN too
+        return "--chunker-timeout-s must be positive"
     if not settings.body_timeout_s > 0:
         return "--body-timeout-s must be positive"
     if not settings.stream_stall_s > 0:  # NaN too
