@@ -373,7 +373,9 @@ def test_a_pool_at_zero_is_woken_by_its_own_demand_and_no_request_fails(empty_po
     with Load(stack.url, "(e) scale from zero") as load:
         wait_until(lambda: load.completed() >= STEADY_COMPLETIONS, timeout_s=RECOVERY_TIMEOUT_S, what="the load flowing")
     assert load.failed() == []
-    assert incarnation(redis_client(stack), "engine-default-0") is not None  # the engine its demand started
+    # the engine its demand started registered (k25 up printed it); it may be gone again by now: on a
+    # slow machine the autoscaler can read the window's QPS as 0 and scale the pool down (it drains)
+    assert announced(stack, "engine-default-0")
 
 
 @pytest.fixture
