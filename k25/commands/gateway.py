@@ -1,5 +1,6 @@
 """`k25 gateway`: the OpenAI-compatible HTTP gateway in front of the engine pools."""
 
+import functools
 import os
 import sys
 
@@ -20,6 +21,9 @@ def register(subparsers) -> None:
                    help="JSON file of hashed API keys and tenant limits (see `k25 api-key`), re-read when it changes; "
                         "without one no key is asked for")
     p.add_argument("--chunker-address", default=None, help="host:port of the chunker service")
+    p.add_argument("--chunker-timeout-s", type=float, default=60.0,
+                   help="how long a document request waits for the chunker to cut its text; then 504, so that a hung "
+                   "chunker costs its callers this long, not their whole deadline (default 60)")
     p.add_argument("--request-timeout-s", type=float, default=600.0, help="deadline of each request (default 600)")
     p.add_argument("--drain-timeout-s", type=float, default=None, metavar="SECONDS",
                    help="on SIGTERM the gateway stops accepting connections (its readiness fails) and lets the "
@@ -75,6 +79,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     import redis
     import uvicorn
+    from uvicorn.main import STARTUP_FAILURE
 
     from common.model_source import ModelLoadError
     from common.tokenizer import load_tokenizer
@@ -82,6 +87,7 @@ def run(args) -> int:
     from common.zmq_curve import CurveKeyError, keys_from_env
     from services.gateway.api_keys import ApiKeysError, ApiKeysFile
     from services.gateway.app import create_app
+    from services.gateway.graceful_stop import Drain, DrainingH11Protocol
     from services.gateway.service import Gateway
     from services.gateway.settings import GatewaySettings
 
@@ -92,7 +98,7 @@ def run(args) -> int:
         return 2
     settings = GatewaySettings(
         model=args.model, served_model_name=args.served_model_name, redis_url=args.redis_url, release=args.release,
-        api_keys_file=args.api_keys_file, chunker_address=args.chunker_address,
+        api_keys_file=args.api_keys_file, chunker_address=args.chunker_address, chunker_timeout_s=args.chunker_timeout_s,
         request_timeout_s=args.request_timeout_s, max_tokens_limit=args.max_tokens_limit,
         max_body_bytes=args.max_body_bytes, max_inflight=args.max_inflight, body_timeout_s=args.body_timeout_s,
         stream_stall_s=args.stream_stall_s,
@@ -118,15 +124,18 @@ def run(args) -> int:
         print(f"k25 gateway: {exc}", file=sys.stderr)
         return 2
     client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=0.5, socket_timeout=1.0)
-    app = create_app(Gateway(settings, tokenizer, client), api_keys)
+    drain = Drain()
+    app = create_app(Gateway(settings, tokenizer, client), api_keys, drain)
     tracing = setup_tracing("k25-gateway")
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=drain_timeout_s,
+        http=functools.partial(DrainingH11Protocol, drain=drain)))
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                    timeout_graceful_shutdown=drain_timeout_s)
+        server.run()
     finally:
         if tracing is not None:
             tracing.shutdown()
-    return 0
+    return 0 if server.started else STARTUP_FAILURE
 
 
 def _bad_flags(settings) -> str | None:
@@ -144,6 +153,8 @@ def _bad_flags(settings) -> str | None:
             return f"{flag} must be at least 1"
     if len({name for name, _ in settings.pools}) != len(settings.pools):
         return "each --pool needs its own name"
+    if not settings.chunker_timeout_s > 0:  # NaN too
+        return "--chunker-timeout-s must be positive"
     if not settings.body_timeout_s > 0:
         return "--body-timeout-s must be positive"
     if not settings.stream_stall_s > 0:  # NaN too

@@ -13,6 +13,7 @@ from services.gateway.body_limit import BodySizeLimit
 from services.gateway.disconnect import unless_client_leaves
 from services.gateway.document_routes import install_document_routes
 from services.gateway.errors import install_error_handlers
+from services.gateway.graceful_stop import Drain, RefuseWhileDraining
 from services.gateway.openai_schema import (
     ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, ErrorResponse, ModelList,
 )
@@ -26,7 +27,7 @@ STARTED_AT = int(time.time())
 _ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 429, 500, 502, 503, 504)}
 
 
-def create_app(gateway: Gateway, api_keys: ApiKeys | ApiKeysFile | None = None) -> FastAPI:
+def create_app(gateway: Gateway, api_keys: ApiKeys | ApiKeysFile | None = None, drain: Drain | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         await gateway.start()
@@ -45,6 +46,7 @@ def create_app(gateway: Gateway, api_keys: ApiKeys | ApiKeysFile | None = None) 
                        max_bytes_in_flight=s.max_body_bytes_in_flight, gauge=gateway.metrics.body_bytes_in_flight)
     # before the body is read: the key, the in-flight limits (admission.py)
     app.add_middleware(AdmissionMiddleware, admission=gateway.admission, api_keys=api_keys)
+    app.add_middleware(RefuseWhileDraining, drain=drain or Drain())  # before any work (graceful_stop.py)
     app.add_middleware(RequestIdMiddleware)
     app.add_middleware(TracingMiddleware)  # added last: the outermost, so its span covers everything
 

@@ -8,7 +8,7 @@ from k25.cli import build_parser
 
 def test_the_defaults():
     args = build_parser().parse_args(["gateway"])
-    assert (args.pools, args.engine_wait_s, args.engine_error_window_s) == ([], 30.0, 30.0)
+    assert (args.pools, args.engine_wait_s, args.engine_error_window_s, args.chunker_timeout_s) == ([], 30.0, 30.0, 60.0)
 
 
 def test_a_document_question_reads_at_most_256_passages_by_default():
@@ -27,6 +27,8 @@ def test_pools_are_read_as_name_and_chunk_size():
     (["--engine-error-window-s", "0"], "--engine-error-window-s must be positive"),
     (["--max-document-passages", "0"], "--max-document-passages must be at least 1"),
     (["--body-timeout-s", "0"], "--body-timeout-s must be positive"),
+    (["--chunker-timeout-s", "0"], "--chunker-timeout-s must be positive"),
+    (["--chunker-timeout-s", "nan"], "--chunker-timeout-s must be positive"),
     (["--stream-stall-s", "0"], "--stream-stall-s must be positive"),
     (["--stream-stall-s", "nan"], "--stream-stall-s must be positive"),
     (["--max-body-bytes", "1000", "--max-body-bytes-in-flight", "999"],
