@@ -31,7 +31,9 @@ each scenario prints what its load saw (`pytest -s` shows it):
 (j) the gateway gets SIGTERM: it closes its port, finishes its streams, answers a request on
     a kept-alive connection 503 `shutting_down` (`Connection: close`), and `k25 up` starts it
     again; clients that retry (the OpenAI client's max_retries, here 10: about 45 s of
-    back-off) lose no request.
+    back-off) lose no request;
+(k) a second gateway replica stops reading (SIGSTOP) with streams running: the engines serve
+    the first gateway's load on; no request of it fails.
 
 Each scenario begins with the whole stack serving and ends once the hurt part is back and
 the load has gone on past that.
@@ -57,7 +59,7 @@ from common.rollout_keys import rollout_channel, rollout_index_key, rollout_key
 from proto import k25_pb2
 from services.gateway.api_keys import ANONYMOUS
 from tests.helpers.engine_process import wait_until
-from tests.helpers.gateway_process import http_json, start_stack
+from tests.helpers.gateway_process import http_json, start_replica, start_stack
 from tests.helpers.up_stack import UP_RELEASE, announced, incarnation, part_pid, redis_client, two_engine_stack
 
 pytestmark = pytest.mark.slow
@@ -352,6 +354,49 @@ def test_a_restarted_gateway_loses_no_request_of_clients_that_retry(stack):
 
     load, _ = under_load(stack, "(j) gateway SIGTERM", lambda: os.kill(stopped, signal.SIGTERM), back,
                          max_retries=GATEWAY_RESTART_RETRIES)
+    assert load.failed() == []
+
+
+# the stopped replica's own streams: long enough to be running through the stop
+REPLICA_MAX_TOKENS = 400
+
+
+def test_a_gateway_that_stops_reading_costs_the_other_gateway_nothing(stack, tmp_path):
+    """A second gateway replica on the stack streams answers, then stops reading (SIGSTOP: hung,
+    partitioned): the engines go on generating for it while the first gateway's load goes on.
+    End to end ZMQ's and the kernel's buffers absorb a stopped reader's frames for minutes (the
+    engine's per-peer bound behind them is tests/engine/serve/test_engine_outbox.py's); what the
+    stopped replica's own clients get after it resumes is its own and only printed."""
+    wait_until(lambda: whole(stack), timeout_s=RECOVERY_TIMEOUT_S, interval_s=0.5, what="the whole stack serving")
+    replica = start_replica(part_pid(stack, "gateway"), str(tmp_path / "replica.log"))
+    client = openai.OpenAI(base_url=f"{replica.url}/v1", api_key="unused", max_retries=0, timeout=REQUEST_TIMEOUT_S)
+    first_tokens = threading.Barrier(SENDERS + 1)
+
+    def stream_long(outcomes: list) -> None:
+        try:
+            stream = client.completions.create(model="tiny-random", prompt="Hi", stream=True, max_tokens=REPLICA_MAX_TOKENS)
+            chunks = iter(stream)
+            next(chunks)
+            first_tokens.wait()
+            outcomes.append(sum(1 for _ in chunks))
+        except (openai.APIError, threading.BrokenBarrierError) as exc:
+            outcomes.append(type(exc).__name__)
+
+    replica_outcomes: list = []
+    streams = [threading.Thread(target=stream_long, args=(replica_outcomes,), daemon=True) for _ in range(SENDERS)]
+    try:
+        for thread in streams:
+            thread.start()
+        first_tokens.wait(timeout=RECOVERY_TIMEOUT_S)  # each of its streams is running
+        # the load goes on past the stop (it is "back" at once: nothing of the stack recovers)
+        load, _ = under_load(stack, "(k) a gateway replica stops reading",
+                             lambda: os.kill(replica.process.pid, signal.SIGSTOP), lambda: True)
+    finally:
+        os.kill(replica.process.pid, signal.SIGCONT)
+        for thread in streams:
+            thread.join(timeout=REQUEST_TIMEOUT_S)
+        replica.stop(signal.SIGKILL)
+    print(f"(k) the stopped replica's streams after it resumed: {replica_outcomes}")
     assert load.failed() == []
 
 

@@ -98,6 +98,18 @@ def start_stack(log_path: str, *flags: str, env: dict | None = None, timeout_s: 
     return _wait_ready(_spawn(argv, port, log_path, env), timeout_s)
 
 
+def start_replica(pid: int, log_path: str, timeout_s: float = 60) -> ServiceProcess:
+    """A second replica of the service process `pid` (e.g. a stack's gateway): its command line
+    and environment (its keys among them), listening on a free --port; returns once it is ready."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        argv = [part.decode() for part in f.read().split(b"\0")[:-1]]
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        env = dict(item.decode().split("=", 1) for item in f.read().split(b"\0") if b"=" in item)
+    port = free_port()
+    argv[argv.index("--port") + 1] = str(port)
+    return _wait_ready(_spawn(argv, port, log_path, env), timeout_s)
+
+
 def children_of(pid: int) -> dict[int, str]:
     """pid -> command line of every live process whose parent is `pid`."""
     found = {}
