@@ -28,7 +28,8 @@ DEV_TOOLS = {"proto.generate"}
 BENCH_OF_ENGINE = {"bench.engine_bench", "bench.lora_bench", "bench.quant_bench", "bench.quant_bytes", "bench.quant_kl",
                    "bench.profile_command", "bench.profile_run", "bench.profile_workload", "bench.kv_tiers_bench",
                    "bench.kv_tier_copy_cost", "bench.kv_tiers_routing_bench", "bench.constraint_cost",
-                   "bench.gpu_check", "bench.graph_replay_check", "bench.attention_check", "bench.decode_roofline"}
+                   "bench.gpu_check", "bench.graph_replay_check", "bench.attention_check", "bench.decode_roofline",
+                   "bench.kv_tier_check"}
 BENCH_OF_CHUNKER = {"bench.chunker_bench", "bench.chunker_baseline"}
 BENCH_OF_GATEWAY = {"bench.passage_recall"}  # measures the gateway's passage ranker
 # the vLLM backend's modules that import vLLM: they run in vLLM's own environment (`make vllm`,
