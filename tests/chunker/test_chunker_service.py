@@ -22,7 +22,9 @@ from tests.helpers.redis_server import free_port
 
 pytestmark = pytest.mark.slow  # starts real processes
 
-CONTRACTS = CONTRACTS
+OVER_THE_LIMIT = "条" * (MAX_DOCUMENT_BYTES // 3 + 1)  # a third as many characters as the limit's bytes, 3 bytes each
+
+
 @pytest.fixture(scope="module")
 def chunker(tmp_path_factory):
     handle = start_chunker(tmp_path_factory.mktemp("chunker") / "chunker.log")
@@ -116,12 +118,11 @@ def test_a_thousand_malformed_frames_are_each_answered_and_the_service_keeps_ser
 def test_documents_over_the_limit_are_refused_by_their_utf8_size(chunker):
     client = dealer(chunker.address)
     at_limit = ask(client, build_request("ok", "a" * MAX_DOCUMENT_BYTES))
-    # 6,667 characters, but 20,001 UTF-8 bytes
-    over = ask(client, build_request("big", "条" * 6667))
+    over = ask(client, build_request("big", OVER_THE_LIMIT))
     client.close()
     assert not at_limit.HasField("error") and at_limit.chunks
     assert over.request_id == "big" and over.error.code == k25_pb2.INVALID_ARGUMENT
-    assert "20001 bytes" in over.error.message and f"at most {MAX_DOCUMENT_BYTES}" in over.error.message
+    assert f"{len(OVER_THE_LIMIT.encode())} bytes" in over.error.message and f"at most {MAX_DOCUMENT_BYTES}" in over.error.message
     assert "--max-document-bytes" in over.error.message
     assert not over.chunks  # nothing half-written
 
@@ -194,7 +195,7 @@ async def test_client_runs_concurrent_requests_and_matches_each_answer(chunker, 
 @pytest.mark.parametrize(
     "text, kwargs, fragment",
     [
-        ("条" * 6667, {}, "--max-document-bytes"),
+        (OVER_THE_LIMIT, {}, "--max-document-bytes"),
         ("第一条", {"passage_tokens": 4}, "passage_tokens (chunk_size) must be between"),
         ("第一条", {"semantic_threshold": 3.0}, "semantic_threshold must be between"),
     ],

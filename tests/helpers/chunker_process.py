@@ -12,7 +12,7 @@ from services.chunker.boundaries import ChunkParams
 from tests.helpers.engine_process import K25, wait_until
 from tests.helpers.redis_server import free_port
 
-MAX_DOCUMENT_BYTES = 20_000
+MAX_DOCUMENT_BYTES = 60_000  # above the largest contract fixture (50 KB), which the tests send whole
 DEFAULTS = ChunkParams(passage_tokens=128, overlap_ratio=0.2, semantic_threshold=0.5)
 
 
