@@ -16,7 +16,7 @@ from engine.base.config import EngineConfig
 from engine.core.sampling_params import SamplingParams
 from engine.llm_engine import LLMEngine
 from engine.offline import generate
-from tests.helpers.gateway_process import BACKEND_FLAGS, children_of, http_json, start_stack
+from tests.helpers.gateway_process import children_of, http_json, start_stack
 
 pytestmark = pytest.mark.slow
 
@@ -24,17 +24,10 @@ MODEL = "smollm2-135m"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-@pytest.fixture(scope="module", params=sorted(BACKEND_FLAGS))
-def stack(tmp_path_factory, request):
-    folder = tmp_path_factory.mktemp("stack")
-    service = start_stack(str(folder / "up.log"), "--model", MODEL, "--log-dir", str(folder), *BACKEND_FLAGS[request.param])
-    yield service
-    service.stop(signal.SIGINT)
-
-
 @pytest.fixture(scope="module")
-def client(stack):
-    return openai.OpenAI(base_url=f"{stack.url}/v1", api_key="unused", max_retries=0, timeout=120)
+def client(smollm2_stack):
+    """Through tests/gateway/conftest.py's stack, on each backend."""
+    return openai.OpenAI(base_url=f"{smollm2_stack.url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -138,21 +131,21 @@ def test_openai_errors(client):
     assert temperature.value.body["param"] == "temperature"
 
 
-def test_health_readiness_metrics_and_openapi(stack, client):
+def test_health_readiness_metrics_and_openapi(smollm2_stack, client):
     client.completions.create(model=MODEL, prompt="Hello", max_tokens=2)
-    assert http_json(f"{stack.url}/healthz")[0] == 200
-    status, _, ready = http_json(f"{stack.url}/readyz")
+    assert http_json(f"{smollm2_stack.url}/healthz")[0] == 200
+    status, _, ready = http_json(f"{smollm2_stack.url}/readyz")
     assert status == 200 and ready["engines"] == 1 and ready["redis"] == "ok"
-    with urllib.request.urlopen(f"{stack.url}/metrics") as response:
+    with urllib.request.urlopen(f"{smollm2_stack.url}/metrics") as response:
         metrics = response.read().decode()
     assert 'k25_gateway_requests_total{pool="default",status="200"}' in metrics
-    status, _, spec = http_json(f"{stack.url}/openapi.json")
+    status, _, spec = http_json(f"{smollm2_stack.url}/openapi.json")
     assert status == 200 and {"/v1/chat/completions", "/v1/completions", "/v1/models"} <= set(spec["paths"])
 
 
-def test_body_over_the_limit_is_refused_before_it_is_read(stack):
+def test_body_over_the_limit_is_refused_before_it_is_read(smollm2_stack):
     """A 9 MiB body (the limit is 8 MiB) is refused from its Content-Length alone."""
-    with socket.create_connection(("127.0.0.1", stack.port), timeout=30) as conn:
+    with socket.create_connection(("127.0.0.1", smollm2_stack.port), timeout=30) as conn:
         conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n{" % (9 * 1024 * 1024))
         response = http.client.HTTPResponse(conn)

@@ -4,7 +4,6 @@
 400 naming the field, before any engine sees it."""
 
 import json
-import signal
 
 import jsonschema
 import openai
@@ -12,7 +11,6 @@ import pydantic
 import pytest
 
 from services.gateway.tool_grammar import MAX_PARALLEL_CALLS
-from tests.helpers.gateway_process import BACKEND_FLAGS, start_stack
 
 pytestmark = pytest.mark.slow
 
@@ -60,12 +58,10 @@ TIME = {"type": "function", "function": {
 ARGUMENTS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
 
 
-@pytest.fixture(scope="module", params=sorted(BACKEND_FLAGS))
-def client(tmp_path_factory, request):
-    folder = tmp_path_factory.mktemp("stack")
-    service = start_stack(str(folder / "up.log"), "--model", MODEL, "--log-dir", str(folder), *BACKEND_FLAGS[request.param])
-    yield openai.OpenAI(base_url=f"{service.url}/v1", api_key="unused", max_retries=0, timeout=300)
-    service.stop(signal.SIGINT)
+@pytest.fixture(scope="module")
+def client(smollm2_stack):
+    """Through tests/gateway/conftest.py's stack, on each backend."""
+    return openai.OpenAI(base_url=f"{smollm2_stack.url}/v1", api_key="unused", max_retries=0, timeout=300)
 
 
 def _ask(name: str) -> list[dict]:

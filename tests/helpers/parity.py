@@ -15,10 +15,12 @@ class Reference:
 
 
 def greedy_reference(hf_model, prompt: list[int], new_tokens: int) -> Reference:
-    """transformers' greedy continuation, step by step with its own KV cache, no EOS stop."""
+    """transformers' greedy continuation, step by step with its own KV cache, no EOS stop. The
+    prefill computes the logits of its last position only, as transformers' own generate() does:
+    the others are never read, and over a long prompt they cost a vocabulary-wide matmul a token."""
     tokens, logprobs = [], []
     with torch.inference_mode():
-        out = hf_model(input_ids=torch.tensor([prompt]), use_cache=True)
+        out = hf_model(input_ids=torch.tensor([prompt]), use_cache=True, logits_to_keep=1)
         for _ in range(new_tokens):
             step_logprobs = out.logits[0, -1].float().log_softmax(-1)
             token = int(step_logprobs.argmax())

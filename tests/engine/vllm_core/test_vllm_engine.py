@@ -4,11 +4,13 @@ batch; the same refusals as K25's engine; cancel and deadlines free the KV; the 
 move with load; a drain lets the running request finish. Fails, never skips, when .venv-vllm is
 missing."""
 
+import math
 import signal
 import time
 
 import pytest
 
+from engine.base.config import EngineConfig
 from engine.vllm_core.settings import BLOCK_SIZE
 from proto import k25_pb2
 from tests.helpers.engine_frames import invalid_requests
@@ -29,6 +31,7 @@ pytestmark = pytest.mark.slow  # starts vLLM and runs SmolLM2 in float32
 
 CHUNK = 64
 MAX_CHUNKS = 40  # 2,560 tokens: the longest parity prompt and its answer fit
+KV_ADMISSION_LIMIT = EngineConfig().kv_admission_limit  # the engine is started with the default
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +113,13 @@ def test_refusals_are_k25s(client, smollm2_prompts):
 
 
 def test_the_kv_guard_refuses_cancel_frees_the_kv_and_the_heartbeat_shows_the_load(engine, client, smollm2_prompts):
-    prompt = max(smollm2_prompts, key=len)
-    filling = generate_message(prompt, CHUNK, max_tokens=MAX_CHUNKS * CHUNK - len(prompt), ignore_eos=True)
+    # a prompt that alone fills the KV past the guard, prefilled in a few steps where decoding to
+    # the guard would take hundreds; the answer may then fill the rest, as many tokens as remained
+    # when decoding crossed the guard
+    capacity = MAX_CHUNKS * CHUNK
+    length = math.ceil(KV_ADMISSION_LIMIT * capacity / BLOCK_SIZE) * BLOCK_SIZE
+    prompt = [t for p in sorted(smollm2_prompts, key=len, reverse=True) for t in p][:length]
+    filling = generate_message(prompt, CHUNK, max_tokens=capacity - length, ignore_eos=True)
     send(client, filling)
     assert receive(client, timeout_s=120).WhichOneof("kind") == "delta"
     wait_until(lambda: (e := engine.registry_entry()) and int(e["running"]) == 1, what="running 1 in the heartbeat")
