@@ -2,12 +2,13 @@
 
     .venv/bin/python -m bench.document_questions --url http://127.0.0.1:8000 --model smollm2-135m \\
         --document tests/fixtures/contracts/*.txt --question "..." --question "..." [--every-passage 2 3] \\
-        [--max-tokens 32 --note-max-tokens 32] [--again]
+        [--max-tokens 32 --note-max-tokens 32] [--read notes] [--again]
 
 The files are joined (a blank line between) into one document and stored with POST /v1/documents;
-each question is then asked by id (the gateway reads the passages that bear on it), one at a time,
-and timed end to end. Then the questions numbered in --every-passage (1-based) are asked again with
-the document inline and `passages` set to its passage count: every passage read, as the route did
+each question is then asked by id (the gateway reads the passages that bear on it, together or as
+notes: --read, default the gateway's `auto`), one at a time, and timed end to end. Then the
+questions numbered in --every-passage (1-based) are asked again with the document inline,
+`passages` set to its passage count and `read` to notes: every passage read, as the route did
 before passages were ranked. Run it on a fresh stack: the by-id questions come first, so they meet
 no passage cached by the every-passage run. Each row gives the passages read (their numbers, best
 first, where a few were read), the prompt tokens and those found cached, and the tokens generated
@@ -58,12 +59,15 @@ def main(argv=None) -> int:
                         help="question numbers (1-based) also asked with every passage read, after the others")
     parser.add_argument("--max-tokens", type=int, help="tokens of each answer at most (default: the gateway's)")
     parser.add_argument("--note-max-tokens", type=int, help="tokens of each passage's note at most (default: the gateway's)")
+    parser.add_argument("--read", choices=("auto", "together", "notes"),
+                        help="how the questions by id read their passages (default: the gateway's, auto)")
     parser.add_argument("--again", action="store_true",
                         help="last, ask the questions by id once more: their passages cached, what is left is decoding")
     parser.add_argument("--timeout-s", type=float, default=1800)
     args = parser.parse_args(argv)
     limits = {name: value for name, value in (("max_tokens", args.max_tokens), ("note_max_tokens", args.note_max_tokens))
               if value is not None}
+    reading = {"read": args.read} if args.read else {}
     text = "\n\n".join(Path(f).read_text(encoding="utf-8") for f in args.document)
     with httpx.Client(base_url=args.url, timeout=args.timeout_s) as client:
         started = time.perf_counter()
@@ -75,21 +79,22 @@ def main(argv=None) -> int:
         print("| route | question | seconds | × the first | passages read | prompt tokens | of them cached | generated |")
         print("|---|---|---|---|---|---|---|---|")
         def by_id(question: str) -> tuple[float, dict]:
-            return ask(client, {"model": args.model, "document_id": document["id"], "question": question, **limits})
+            return ask(client, {"model": args.model, "document_id": document["id"], "question": question, **limits,
+                                **reading})
 
         first_s, by_id_s, every_passage_s = None, {}, {}
         for number, question in enumerate(args.question, 1):
             seconds, answer = by_id(question)
-            print(row("by id, ranked", number, seconds, answer, first_s), flush=True)
+            print(row(f"by id, {answer['read']}", number, seconds, answer, first_s), flush=True)
             first_s, by_id_s[number] = first_s or seconds, seconds
         for number in args.every_passage:
             seconds, answer = ask(client, {"model": args.model, "document": text, "question": args.question[number - 1],
-                                           "passages": document["passage_count"], **limits})
-            print(row("inline, every passage", number, seconds, answer, first_s), flush=True)
+                                           "passages": document["passage_count"], "read": "notes", **limits})
+            print(row("inline, every passage as notes", number, seconds, answer, first_s), flush=True)
             every_passage_s[number] = seconds
         for number, question in enumerate(args.question if args.again else [], 1):
             seconds, answer = by_id(question)
-            print(row("by id, again", number, seconds, answer, first_s), flush=True)
+            print(row(f"by id, {answer['read']}, again", number, seconds, answer, first_s), flush=True)
         if every_passage_s:
             print("\n" + side_by_side(by_id_s, every_passage_s))
     return 0

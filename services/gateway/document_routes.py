@@ -37,6 +37,7 @@ from services.gateway.documents import (
     too_many_passages,
 )
 from services.gateway.openai_schema import estimated_tokens
+from services.gateway.passages_together import Reading, how_to_read, together_citations, together_messages
 from services.gateway.routing import largest_context
 from services.gateway.service import Gateway, ReplyShape
 
@@ -53,6 +54,9 @@ class AskRequest(DocumentRequest):
                                  "(default: the gateway's --document-passages-read; at most --max-document-passages)")
     max_tokens: int = Field(256, ge=1, description="tokens of the final answer at most")
     note_max_tokens: int = Field(128, ge=1, description="tokens of each passage's note at most")
+    read: Reading = Field("auto", description="how the passages are read: `together` in one prompt with the question, "
+                          "answered once; `notes` a note on each passage, then an answer from the notes; `auto` "
+                          "together when the passages and the answer fit the model's context, else notes")
     stream: bool = False
 
     def reserved_tokens(self) -> int:
@@ -96,14 +100,22 @@ async def _ask(gateway: Gateway, body: AskRequest, parent_span, caller: Caller, 
         every = passages_of(text, spans)
         # off the event loop: BM25 over hundreds of passages is CPU work
         passages = await asyncio.to_thread(choose_passages, body.question, every, read_count)
+        chosen = sorted(passages, key=lambda p: p.index)
+        tokens = {s["index"] + 1: s["end_token"] - s["start_token"] for s in spans}
+        together = together_messages(body.question, chosen)
+        together_tokens = await _together_tokens(gateway, body, together, sum(tokens[p.index] for p in chosen))
+        reading = how_to_read(body.read, together_tokens, body.max_tokens, largest_context(gateway.registry.pools.values()))
         # the whole question's tokens up front (the admission reserved a first estimate): a tenant
         # whose rate cannot pay for it gets 429 before any engine work, not after its notes ran
-        tokens = {s["index"] + 1: s["end_token"] - s["start_token"] for s in spans}
-        cost = question_cost([tokens[p.index] for p in passages], estimated_tokens(body.question),
-                             body.note_max_tokens, body.max_tokens)
+        cost = together_tokens + body.max_tokens if reading == "together" else question_cost(
+            [tokens[p.index] for p in passages], estimated_tokens(body.question), body.note_max_tokens, body.max_tokens)
         ticket.reserve(max(0, cost - body.reserved_tokens()))
         span.set_attributes({"k25.chunks": len(every), "k25.chunks_read": len(passages),
-                             "k25.document_tokens": total_tokens})
+                             "k25.document_tokens": total_tokens, "k25.read": reading})
+        read = [p.citation() for p in passages]  # best first
+        answered = {"document_id": body.document_id, "chunks": len(every), "passages_read": read, "read": reading}
+        if reading == "together":
+            return await _answer_together(gateway, body, together, chosen, answered, caller, ticket, deadline, span)
         usage = Usage()
 
         async def note(messages: list[dict]) -> str:
@@ -112,9 +124,7 @@ async def _ask(gateway: Gateway, body: AskRequest, parent_span, caller: Caller, 
             usage.add(answer.final.usage)
             return answer.text
 
-        read = [p.citation() for p in passages]  # best first
-        ranks = [p.index for p in passages]
-        chosen, fanout = sorted(passages, key=lambda p: p.index), gateway.settings.document_fanout
+        ranks, fanout = [p.index for p in passages], gateway.settings.document_fanout
         if body.stream:
             noted: list[Passage] = []
 
@@ -127,24 +137,63 @@ async def _ask(gateway: Gateway, body: AskRequest, parent_span, caller: Caller, 
                 kept, left_out = await _notes_that_fit(gateway, body, noted, ranks, span)
                 final = await _job(gateway, body, reduce_messages(body.question, kept), body.max_tokens, caller, ticket,
                                    deadline)
-                answer = await gateway.stream(final, ReplyShape(True), span, epilogue=lambda answer_text: [
-                    {"id": final.request_id, "object": "document.citations",
-                     "citations": citations(answer_text, kept), "passages_read": read, "notes_left_out": left_out}
-                ])
-                return answer.body_iterator
+                return await _streamed(gateway, final, span, lambda answer_text: {
+                    "citations": citations(answer_text, kept), "passages_read": read, "read": reading,
+                    "notes_left_out": left_out})
 
-            return progress_stream(gateway, {"object": "document.passages", "passages_read": read}, read_notes,
-                                   streamed_answer)
+            return progress_stream(gateway, {"object": "document.passages", "passages_read": read, "read": reading},
+                                   read_notes, streamed_answer)
         noted = await take_notes(body.question, chosen, note, fanout)
         kept, left_out = await _notes_that_fit(gateway, body, noted, ranks, span)
         final_job = await _job(gateway, body, reduce_messages(body.question, kept), body.max_tokens, caller, ticket,
                                deadline)
         answer = await gateway.generate(final_job, ReplyShape(True), span)
     usage.add(answer.final.usage)
+    return _answer(body, final_job, answer.text, citations(answer.text, kept), answered, left_out, usage)
+
+
+async def _together_tokens(gateway: Gateway, body: AskRequest, messages: list[dict], passage_tokens: int) -> int:
+    """The prompt's tokens when the passages are read together; only their own tokens (fewer) when
+    they will not be read together anyway, or already fill the largest context: every passage of
+    a long document is not rendered and tokenised again to learn that it does not fit."""
+    context = largest_context(gateway.registry.pools.values())
+    if body.read == "notes" or (context is not None and passage_tokens > context):
+        return passage_tokens
+    return len(await gateway.encoder.encode_chat(messages))
+
+
+async def _answer_together(gateway: Gateway, body: AskRequest, messages: list[dict], chosen: list[Passage],
+                           answered: dict, caller: Caller, ticket: Ticket, deadline: float, span):
+    """The question answered from its passages in one prompt (passages_together.py)."""
+    job = await _job(gateway, body, messages, body.max_tokens, caller, ticket, deadline)
+    if body.stream:
+        async def nothing_to_note(progress) -> None:
+            return None
+
+        async def streamed_answer():
+            return await _streamed(gateway, job, span, lambda answer_text: {
+                "citations": together_citations(answer_text, chosen), "passages_read": answered["passages_read"],
+                "read": "together", "notes_left_out": 0})
+
+        return progress_stream(gateway, {"object": "document.passages", "passages_read": answered["passages_read"],
+                                         "read": "together"}, nothing_to_note, streamed_answer)
+    answer = await gateway.generate(job, ReplyShape(True), span)
+    usage = Usage()
+    usage.add(answer.final.usage)
+    return _answer(body, job, answer.text, together_citations(answer.text, chosen), answered, 0, usage)
+
+
+async def _streamed(gateway: Gateway, job, span, epilogue):
+    """The answer's events, ending with one `document.citations` event (`epilogue(answer_text)`'s fields)."""
+    answer = await gateway.stream(job, ReplyShape(True), span, epilogue=lambda answer_text: [
+        {"id": job.request_id, "object": "document.citations", **epilogue(answer_text)}])
+    return answer.body_iterator
+
+
+def _answer(body: AskRequest, job, text: str, cited: list[dict], answered: dict, left_out: int, usage: Usage):
     return JSONResponse({
-        "id": final_job.request_id, "object": "document.answer", "created": int(time.time()), "model": body.model,
-        "document_id": body.document_id, "answer": answer.text, "citations": citations(answer.text, kept),
-        "chunks": len(every), "passages_read": read, "notes_left_out": left_out, "usage": usage.body(),
+        "id": job.request_id, "object": "document.answer", "created": int(time.time()), "model": body.model,
+        "answer": text, "citations": cited, **answered, "notes_left_out": left_out, "usage": usage.body(),
     })
 
 

@@ -129,11 +129,15 @@ def question_cost(passage_tokens: list[int], question_tokens: int, note_max_toke
     return notes + answer
 
 
+def cited(answer: str, passages: list[Passage]) -> list[Passage]:
+    """The passages the answer cites by [n], in the order it first cites them."""
+    by_index = {p.index: p for p in passages}
+    return [by_index[n] for n in dict.fromkeys(int(m) for m in _CITED.findall(answer)) if n in by_index]
+
+
 def citations(answer: str, passages: list[Passage]) -> list[dict]:
     """The passages the answer cites by [n]; if it cites none, every passage whose note bore on the question."""
-    by_index = {p.index: p for p in passages}
-    cited = [by_index[n] for n in dict.fromkeys(int(m) for m in _CITED.findall(answer)) if n in by_index]
-    return [p.citation() for p in (cited or [p for p in passages if p.relevant])]
+    return [p.citation() for p in (cited(answer, passages) or [p for p in passages if p.relevant])]
 
 
 async def take_notes(question: str, passages: list[Passage], note, concurrency: int, noted=None) -> list[Passage]:

@@ -37,7 +37,7 @@ def stack(tmp_path_factory, receiver):
 
 def test_a_document_question_is_one_trace_across_every_process(stack, receiver):
     body = {"model": "tiny-random", "document": (CONTRACTS / "en_master_services_agreement.txt").read_text()[:2500], "question": "Who may terminate?",
-            "chunk_size": 256, "max_tokens": 6, "note_max_tokens": 4}
+            "chunk_size": 256, "max_tokens": 6, "note_max_tokens": 4, "read": "notes"}
     headers = {"traceparent": f"00-{TRACE_ID}-{CALLER_SPAN}-01"}
     answer = httpx.post(f"{stack.url}/v1/documents/ask", json=body, headers=headers, timeout=120).json()
     chunks = answer["chunks"]

@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from common.redis_keys import live_engines
 from common.tokenizer import load_tokenizer
-from services.gateway.api_keys import ANONYMOUS
 from services.gateway.admission import Ticket
+from services.gateway.api_keys import ANONYMOUS
 from services.gateway.document_routes import AskRequest, ChunksRequest, _ask, _job, install_document_routes
 from services.gateway.documents import (
     NOTE_MARK_TOKENS,
@@ -221,7 +221,7 @@ def test_ask_maps_every_passage_then_reduces_and_cites_real_spans(stack):
     passages = httpx.post(f"{stack.url}/v1/chunks", json={"text": text, "chunk_size": 256}, timeout=60).json()["data"]
     before = gateway_requests(stack)
     body = {"model": "tiny-random", "document": text, "question": "Who may terminate the agreement?",
-            "chunk_size": 256, "max_tokens": 12, "note_max_tokens": 6, "passages": len(passages)}
+            "chunk_size": 256, "max_tokens": 12, "note_max_tokens": 6, "passages": len(passages), "read": "notes"}
     answer = httpx.post(f"{stack.url}/v1/documents/ask", json=body, timeout=120).json()
     assert answer["object"] == "document.answer" and answer["chunks"] == len(passages) > 1
     assert sorted(p["index"] for p in answer["passages_read"]) == list(range(1, len(passages) + 1))
@@ -234,7 +234,8 @@ def test_ask_maps_every_passage_then_reduces_and_cites_real_spans(stack):
 @pytest.mark.slow
 def test_ask_streams_the_passages_read_its_progress_then_the_answer_then_the_citations(stack):
     body = {"model": "tiny-random", "document": CONTRACT.read_text()[:2000], "question": "What are the fees?",
-            "passage_tokens": 256, "max_tokens": 8, "note_max_tokens": 4, "stream": True, "passages": 2}
+            "passage_tokens": 256, "max_tokens": 8, "note_max_tokens": 4, "stream": True, "passages": 2,
+            "read": "notes"}
     with httpx.stream("POST", f"{stack.url}/v1/documents/ask", json=body, timeout=120) as response:
         events = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
@@ -272,7 +273,7 @@ def test_a_question_asking_for_too_many_passages_is_refused_before_any_work(stac
 
 
 FEES = AskRequest(model="tiny-random", document=CONTRACT.read_text()[:2000], question="What are the fees?",
-                  passage_tokens=256, max_tokens=4, note_max_tokens=2)
+                  passage_tokens=256, max_tokens=4, note_max_tokens=2, read="notes")
 
 
 def ask_in_process(stack, body: AskRequest, tokens_per_minute: int | None = None):
@@ -335,7 +336,7 @@ def test_notes_past_the_context_are_left_out_by_rank_and_counted(stack):
     final prompt was longer than the context: 400 context_length_exceeded after every note ran)."""
     context = max(entry["max_model_len"] for entry in live_engines(redis_client(stack), UP_RELEASE).values())
     body = {"model": "tiny-random", "document": CONTRACT.read_text()[:3000], "question": "What are the fees?",
-            "passage_tokens": 16, "passages": 8, "note_max_tokens": context // 4, "max_tokens": 4}
+            "passage_tokens": 16, "passages": 8, "note_max_tokens": context // 4, "max_tokens": 4, "read": "notes"}
     response = httpx.post(f"{stack.url}/v1/documents/ask", json=body, timeout=300)
     assert response.status_code == 200, response.text
     answer = response.json()

@@ -11,12 +11,14 @@ import httpx
 import pytest
 
 from common.document_keys import document_key, tenant_documents_key
+from common.redis_keys import live_engines
 from services.gateway.api_keys import hash_key
 from tests.helpers.gateway_process import start_stack
 from tests.helpers.paths import CONTRACTS
 from tests.helpers.up_stack import UP_RELEASE, redis_client
 
 CONTRACT = CONTRACTS / "en_master_services_agreement.txt"
+LONG_CONTRACT = CONTRACTS / "en_supply_agreement.txt"
 TENANTS = ("acme", "globex", "few", "small", "thrifty", "initech")
 LIMITS = ("--gateway-flag=--max-document-bytes=30000", "--gateway-flag=--max-tenant-documents=2",
           "--gateway-flag=--max-tenant-document-bytes=25000")
@@ -111,12 +113,56 @@ def test_a_question_by_id_reads_the_passages_chosen_for_it_and_says_which(stack)
     document = upload(stack, "acme", text, passage_tokens=256).json()
     before = engine_requests(stack)
     body = {"model": "tiny-random", "document_id": document["id"], "question": "Which state's law governs the agreement?",
-            "passages": 2, "max_tokens": 4, "note_max_tokens": 2}
+            "passages": 2, "max_tokens": 4, "note_max_tokens": 2, "read": "notes"}
     answer = call(stack, "POST", "/v1/documents/ask", "acme", body).json()
     assert answer["document_id"] == document["id"] and answer["chunks"] == len(document["passages"]) > 2
     read = answer["passages_read"]
     assert len(read) == 2 and "9.1 Governing Law" in text[read[0]["start_char"]:read[0]["end_char"]]
+    assert answer["read"] == "notes"
     assert engine_requests(stack) - before == 2 + 1  # a note per passage read, then the answer
+
+
+def test_a_question_whose_passages_fit_reads_them_together_in_one_engine_request(stack):
+    text = CONTRACT.read_text()
+    document = upload(stack, "initech", text, passage_tokens=256).json()
+    body = {"model": "tiny-random", "document_id": document["id"], "question": "Which state's law governs the agreement?",
+            "passages": 3, "max_tokens": 4}
+    before = engine_requests(stack)
+    answer = call(stack, "POST", "/v1/documents/ask", "initech", body).json()
+    assert answer["read"] == "together" and engine_requests(stack) - before == 1
+    read = {p["index"] for p in answer["passages_read"]}
+    assert len(read) == 3 and answer["citations"] and {c["index"] for c in answer["citations"]} <= read
+    assert answer["notes_left_out"] == 0 and answer["usage"]["completion_tokens"] > 0
+
+    with httpx.stream("POST", f"{stack.url}/v1/documents/ask", json={**body, "stream": True}, timeout=120,
+                      headers={"Authorization": "Bearer key-initech"}) as response:
+        events = [json.loads(line.removeprefix("data: ")) for line in response.iter_lines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+    opening, answer_events, closing = events[0], events[1:-1], events[-1]
+    assert opening == {"object": "document.passages", "passages_read": answer["passages_read"], "read": "together"}
+    assert answer_events and all(e["object"] == "chat.completion.chunk" for e in answer_events)  # no notes to report
+    assert closing["object"] == "document.citations" and closing["read"] == "together"
+    assert {c["index"] for c in closing["citations"]} <= read
+
+    assert call(stack, "DELETE", f"/v1/documents/{document['id']}", "initech").status_code == 200
+
+
+def test_passages_past_the_context_are_read_as_notes_and_refused_together(stack):
+    """Every passage of a 50 KB contract (11,482 tokens) does not fit the model's context beside
+    the answer: `auto` takes notes, `together` is a 400 before any engine work."""
+    context = max(entry["max_model_len"] for entry in live_engines(redis_client(stack), UP_RELEASE).values())
+    every = {"model": "tiny-random", "document": LONG_CONTRACT.read_text(), "question": "Who are the parties?",
+             "passages": 256, "note_max_tokens": 1, "max_tokens": 1}
+    chunks = call(stack, "POST", "/v1/chunks", "initech", {"text": every["document"]}).json()
+    assert chunks["total_tokens"] > context
+    before = engine_requests(stack)
+    refused = call(stack, "POST", "/v1/documents/ask", "initech", {**every, "read": "together"})
+    error = refused.json()["error"]
+    assert refused.status_code == 400 and (error["code"], error["param"]) == ("context_length_exceeded", "read")
+    assert engine_requests(stack) == before
+    answer = call(stack, "POST", "/v1/documents/ask", "initech", every).json()
+    assert answer["read"] == "notes" and len(answer["passages_read"]) == len(chunks["data"])
+    assert engine_requests(stack) - before == len(chunks["data"]) + 1
 
 
 @pytest.mark.parametrize("body, status, code, named", [
