@@ -119,9 +119,10 @@ async def delete(client: httpx.AsyncClient, url: str, ids: list[str]) -> None:
 
 
 async def ask(client: httpx.AsyncClient, url: str, model: str, document_id: str, spec: AskSpec, passages: int | None,
-              clock) -> AskResult:
+              read: str | None, clock) -> AskResult:
     body = {"model": model, "document_id": document_id, "question": spec.question, "max_tokens": spec.max_tokens,
-            "note_max_tokens": spec.max_tokens} | ({"passages": passages} if passages else {})
+            "note_max_tokens": spec.max_tokens} | ({"passages": passages} if passages else {}) | \
+        ({"read": read} if read else {})
     result = AskResult(spec, clock())
     try:
         response = await client.post(f"{url}/v1/documents/ask", json=body)
@@ -162,12 +163,13 @@ async def run_stored_documents(client: httpx.AsyncClient, url: str, model: str, 
                 delay = spec.send_at_s - clock()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(ask(client, url, model, ids[spec.document], spec, args.passages, clock)))
+                tasks.append(asyncio.create_task(ask(client, url, model, ids[spec.document], spec, args.passages, args.read,
+                                                      clock)))
                 tasks[-1].add_done_callback(lambda _: bar.update())
             results = await asyncio.gather(*tasks)
     finally:
         await delete(client, url, ids)
     summary = summarize_asks(list(results), clock())
     return {"mode": "stored-documents", "qps": args.qps, "documents": [p.name for p in paths],
-            "questions": args.questions, "passages": args.passages, "warm": args.warm, "upload_s": upload_s, **summary,
+            "questions": args.questions, "passages": args.passages, "read": args.read, "warm": args.warm, "upload_s": upload_s, **summary,
             "cpu_ms_per_request": cpu.per_request(summary["completed"])}

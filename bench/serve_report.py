@@ -75,9 +75,10 @@ def _sweep_lines(report: dict) -> list[str]:
 def _stored_document_lines(r: dict) -> list[str]:
     passages = r["passages_read"]
     warmed = " (warmed)" if r["warm"] else ""
+    read = f", passages read {r['read']}" if r.get("read") else ""
     lines = [
         f"model {r['model']} at {r['url']}, seed {r['seed']}: {len(r['documents'])} stored documents{warmed}, "
-        f"{r['questions']} questions each by id, Poisson arrivals at {r['qps']:g} QPS",
+        f"{r['questions']} questions each by id{read}, Poisson arrivals at {r['qps']:g} QPS",
         f"uploads       {r['upload_s']:.1f} s for all {len(r['documents'])}, one after another",
         f"questions     {r['requests']} asked, {r['completed']} answered, {r['failed']} failed",
         "passages read " + (f"{passages['mean']:.1f} per question ({passages['min']}-{passages['max']})"

@@ -91,6 +91,8 @@ def register(subparsers) -> None:
                    "(default: a contract review's usual questions)")
     p.add_argument("--passages", type=int, help="passages each --stored-documents question reads (default: the gateway's)")
     p.add_argument("--warm", action="store_true", help="upload the --stored-documents with their KV warmed")
+    p.add_argument("--read", choices=("auto", "together", "notes"),
+                   help="how each --stored-documents question reads its passages (default: the gateway's, auto)")
     p.add_argument("--questions", type=int, default=4, metavar="Q", help="questions per document (default 4)")
     p.add_argument("--document-tokens", type=int, default=2000, help="tokens per document (default 2000)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")

@@ -86,10 +86,11 @@ def test_stored_documents_are_asked_by_id_and_deleted_after(stack):
     assert (report["mode"], report["requests"], report["completed"]) == ("stored-documents", 6, 6)
     assert report["passages_read"] == {"mean": 2.0, "min": 2, "max": 2}
     assert report["first_question_ms"]["count"] == 3 and report["later_questions_ms"]["count"] == 3
-    assert report["upload_s"] > 0
+    assert report["upload_s"] > 0 and report["read"] is None  # the gateway's default
     assert report["cached_share"] is not None and 0 <= report["cached_share"] <= 1
     assert httpx.get(f"{stack.url}/v1/documents").json()["data"] == []
     lines = subprocess.run([*K25, "bench", "serve", "--url", stack.url, "--qps", "2", "--stored-documents", FILES[0],
-                            "--questions", "1", "--max-tokens", "1", "1", "--warm"], capture_output=True, text=True,
-                           timeout=600, check=False).stdout
+                            "--questions", "1", "--max-tokens", "1", "1", "--warm", "--read", "notes"], capture_output=True,
+                           text=True, timeout=600, check=False).stdout
     assert "1 stored documents (warmed)" in lines and "passages read" in lines and "first" in lines
+    assert "questions each by id, passages read notes," in lines

@@ -154,11 +154,12 @@ def test_what_cannot_be_extracted_is_refused_before_any_engine_work(stack, chang
 
 
 def test_a_document_warmed_at_upload_has_its_first_question_find_its_passages_cached(stack):
-    """The first question about a warmed document finds every passage it reads cached, up to the
-    KV block that holds the question; about a document stored without warming, only the prompt's
-    opening (the same for every document) is."""
+    """The first question about a warmed document, read as notes, finds every passage it reads
+    cached, up to the KV block that holds the question; about a document stored without warming,
+    only the prompt's opening (the same for every document) is. (Read together, a question's
+    prompt is not the one the warm-up computed.)"""
     question = {"model": MODEL, "question": "Which state's law governs the agreement?", "passages": 2,
-                "max_tokens": 4, "note_max_tokens": 4}
+                "max_tokens": 4, "note_max_tokens": 4, "read": "notes"}
     cached = {}
     for name, warm in (("en_master_services_agreement.txt", True), ("en_10k_risk_factors.txt", False)):
         stored = post(stack, "/v1/documents", {"text": (CONTRACTS / name).read_text(), "warm": warm}).json()
