@@ -171,5 +171,6 @@ async def run_stored_documents(client: httpx.AsyncClient, url: str, model: str, 
         await delete(client, url, ids)
     summary = summarize_asks(list(results), clock())
     return {"mode": "stored-documents", "qps": args.qps, "documents": [p.name for p in paths],
-            "questions": args.questions, "passages": args.passages, "read": args.read, "warm": args.warm, "upload_s": upload_s, **summary,
+            "questions": args.questions, "passages": args.passages, "read": args.read, "warm": args.warm,
+            "upload_s": upload_s, **summary,
             "cpu_ms_per_request": cpu.per_request(summary["completed"])}
