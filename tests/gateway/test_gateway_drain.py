@@ -4,14 +4,16 @@ timeout (`--drain-timeout-s`, by default the request timeout), not a fixed few s
 
 import http.client
 import json
+import re
 import signal
 import socket
 import subprocess
 import time
+import urllib.request
 
 import pytest
 
-from tests.helpers.engine_process import start_engine
+from tests.helpers.engine_process import start_engine, wait_until
 from tests.helpers.gateway_process import http_json, start_gateway
 from tests.helpers.redis_server import module_redis_url  # noqa: F401  (fixture)
 
@@ -46,11 +48,19 @@ def refuses_connections(port: int) -> bool:
 
 def start_request_in_flight(gateway) -> socket.socket:
     """A completion whose body is still arriving: in flight for as long as the test likes, with no
-    engine trick (a stopped engine would be seen as lost). `finish_request` sends the rest."""
+    engine trick (a stopped engine would be seen as lost). `finish_request` sends the rest.
+    Returns once the gateway reads its body: past the check that refuses what arrives after a
+    stop (a stop sent before the gateway had parsed its headers would rightly refuse it)."""
     client = socket.create_connection(("127.0.0.1", gateway.port), timeout=PATIENCE_S)
     client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: k25\r\nContent-Type: application/json\r\n"
                    b"Content-Length: %d\r\n\r\n" % len(BODY) + BODY[:10])
+    wait_until(lambda: body_bytes_in_flight(gateway) >= len(BODY), timeout_s=PATIENCE_S, what="the body being read")
     return client
+
+
+def body_bytes_in_flight(gateway) -> float:
+    metrics = urllib.request.urlopen(f"{gateway.url}/metrics", timeout=PATIENCE_S).read().decode()
+    return float(re.search(r"^k25_gateway_body_bytes_in_flight (\S+)$", metrics, re.M).group(1))
 
 
 def finish_request(client: socket.socket) -> http.client.HTTPResponse:
