@@ -4,9 +4,9 @@ one prompt, and one answer from it, when they fit the model's context beside the
 The other way (documents.py) notes each passage on its own and then answers from the notes: it
 reuses each passage's KV from the prefix cache, but decodes twice in a row (a note for every
 passage, then the answer), with as many sequences as passages. Read together, a question costs one
-prefill of its passages and one answer. On the CPU engines a question's time is mostly decoding
-(docs/benchmarks), so `auto` reads together whenever the prompt fits, and takes notes for what does
-not (many passages, or a small context). Reading every passage of a long document never fits: it
+prefill of its passages and one answer: fewer prompt tokens and half the decoding steps (measured
+in docs/benchmarks), so `auto` reads together whenever the prompt fits, and takes notes for what
+does not (many passages, or a small context). Reading every passage of a long document never fits: it
 is read as notes.
 """
 
