@@ -78,6 +78,7 @@ def main(argv=None) -> int:
               f"{document['passage_count']} passages, in {time.perf_counter() - started:.1f} s\n")
         print("| route | question | seconds | × the first | passages read | prompt tokens | of them cached | generated |")
         print("|---|---|---|---|---|---|---|---|")
+
         def by_id(question: str) -> tuple[float, dict]:
             return ask(client, {"model": args.model, "document_id": document["id"], "question": question, **limits,
                                 **reading})

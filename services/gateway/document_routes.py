@@ -103,8 +103,9 @@ async def _ask(gateway: Gateway, body: AskRequest, parent_span, caller: Caller, 
         chosen = sorted(passages, key=lambda p: p.index)
         tokens = {s["index"] + 1: s["end_token"] - s["start_token"] for s in spans}
         together = together_messages(body.question, chosen)
-        together_tokens = await _together_tokens(gateway, body, together, sum(tokens[p.index] for p in chosen))
-        reading = how_to_read(body.read, together_tokens, body.max_tokens, largest_context(gateway.registry.pools.values()))
+        context = largest_context(gateway.registry.pools.values())
+        together_tokens = await _together_tokens(gateway, body, together, sum(tokens[p.index] for p in chosen), context)
+        reading = how_to_read(body.read, together_tokens, body.max_tokens, context)
         # the whole question's tokens up front (the admission reserved a first estimate): a tenant
         # whose rate cannot pay for it gets 429 before any engine work, not after its notes ran
         cost = together_tokens + body.max_tokens if reading == "together" else question_cost(
@@ -141,8 +142,7 @@ async def _ask(gateway: Gateway, body: AskRequest, parent_span, caller: Caller, 
                     "citations": citations(answer_text, kept), "passages_read": read, "read": reading,
                     "notes_left_out": left_out})
 
-            return progress_stream(gateway, {"object": "document.passages", "passages_read": read, "read": reading},
-                                   read_notes, streamed_answer)
+            return progress_stream(gateway, _opening(answered), read_notes, streamed_answer)
         noted = await take_notes(body.question, chosen, note, fanout)
         kept, left_out = await _notes_that_fit(gateway, body, noted, ranks, span)
         final_job = await _job(gateway, body, reduce_messages(body.question, kept), body.max_tokens, caller, ticket,
@@ -152,11 +152,11 @@ async def _ask(gateway: Gateway, body: AskRequest, parent_span, caller: Caller, 
     return _answer(body, final_job, answer.text, citations(answer.text, kept), answered, left_out, usage)
 
 
-async def _together_tokens(gateway: Gateway, body: AskRequest, messages: list[dict], passage_tokens: int) -> int:
+async def _together_tokens(gateway: Gateway, body: AskRequest, messages: list[dict], passage_tokens: int,
+                           context: int | None) -> int:
     """The prompt's tokens when the passages are read together; only their own tokens (fewer) when
-    they will not be read together anyway, or already fill the largest context: every passage of
+    they will not be read together anyway, or already fill the largest `context`: every passage of
     a long document is not rendered and tokenised again to learn that it does not fit."""
-    context = largest_context(gateway.registry.pools.values())
     if body.read == "notes" or (context is not None and passage_tokens > context):
         return passage_tokens
     return len(await gateway.encoder.encode_chat(messages))
@@ -175,12 +175,16 @@ async def _answer_together(gateway: Gateway, body: AskRequest, messages: list[di
                 "citations": together_citations(answer_text, chosen), "passages_read": answered["passages_read"],
                 "read": "together", "notes_left_out": 0})
 
-        return progress_stream(gateway, {"object": "document.passages", "passages_read": answered["passages_read"],
-                                         "read": "together"}, nothing_to_note, streamed_answer)
+        return progress_stream(gateway, _opening(answered), nothing_to_note, streamed_answer)
     answer = await gateway.generate(job, ReplyShape(True), span)
     usage = Usage()
     usage.add(answer.final.usage)
     return _answer(body, job, answer.text, together_citations(answer.text, chosen), answered, 0, usage)
+
+
+def _opening(answered: dict) -> dict:
+    """A streamed answer's first event: the passages it reads, and how, before any is read."""
+    return {"object": "document.passages", "passages_read": answered["passages_read"], "read": answered["read"]}
 
 
 async def _streamed(gateway: Gateway, job, span, epilogue):
