@@ -1,15 +1,17 @@
 // The Python module of the CPU kernels (engine/kernels/cpu_build.py builds it from every source here).
-#include <torch/extension.h>
+// torch/csrc/utils/pybind.h: pybind11 with the Tensor conversions, without torch/extension.h (aten_parts.h)
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/utils/pybind.h>
 
-torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor block_tables,
-                              torch::Tensor query_start, torch::Tensor seq_lens, int64_t block_size, double scale, bool amx);
-torch::Tensor add_rms_norm(torch::Tensor x, c10::optional<torch::Tensor> delta, torch::Tensor weight, double eps);
-torch::Tensor rotary_to_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor positions,
-                              torch::Tensor slot_mapping, torch::Tensor k_cache, torch::Tensor v_cache, int64_t heads);
-torch::Tensor silu_mul(torch::Tensor gate_up);
-torch::Tensor top_k_indices(torch::Tensor values, int64_t k);
+at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor block_tables,
+                              at::Tensor query_start, at::Tensor seq_lens, int64_t block_size, double scale, bool amx);
+at::Tensor add_rms_norm(at::Tensor x, c10::optional<at::Tensor> delta, at::Tensor weight, double eps);
+at::Tensor rotary_to_cache(at::Tensor qkv, at::Tensor cos, at::Tensor sin, at::Tensor positions,
+                              at::Tensor slot_mapping, at::Tensor k_cache, at::Tensor v_cache, int64_t heads);
+at::Tensor silu_mul(at::Tensor gate_up);
+at::Tensor top_k_indices(at::Tensor values, int64_t k);
 bool has_bf16_linear();
-torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor blocked, c10::optional<torch::Tensor> bias, bool amx);
+at::Tensor linear_bf16(at::Tensor x, at::Tensor blocked, c10::optional<at::Tensor> bias, bool amx);
 bool amx_ready();
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

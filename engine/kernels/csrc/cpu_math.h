@@ -2,7 +2,8 @@
 // ones; with AVX512, 16) to float, and a vectorisable exp.
 #pragma once
 
-#include <torch/extension.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <cmath>
 #include <cstdint>

@@ -5,8 +5,7 @@
 // round after every op (2-3 times): in bf16, SmolLM2 teacher-forced against fp32 transformers
 // agrees at 0.987 top-1 this way, at 0.981 rounding as torch does.
 // Built with engine/kernels/csrc/paged_attention_cpu.cpp into one module (engine/kernels/cpu_build.py).
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "aten_parts.h"
 
 #include "cpu_math.h"
 
@@ -104,30 +103,30 @@ void silu_mul_rows(const T* gate_up, T* out, int64_t tokens, int64_t inner) {
 
 #define K25_DISPATCH(dtype, ...)                                                  \
   switch (dtype) {                                                                \
-    case torch::kFloat32: { using T = float; __VA_ARGS__; break; }                \
-    case torch::kBFloat16: { using T = c10::BFloat16; __VA_ARGS__; break; }       \
-    case torch::kFloat16: { using T = c10::Half; __VA_ARGS__; break; }            \
+    case at::kFloat: { using T = float; __VA_ARGS__; break; }                \
+    case at::kBFloat16: { using T = c10::BFloat16; __VA_ARGS__; break; }       \
+    case at::kHalf: { using T = c10::Half; __VA_ARGS__; break; }            \
     default: TORCH_CHECK(false, "unsupported dtype ", dtype);                     \
   }
 
 }  // namespace
 
-torch::Tensor add_rms_norm(torch::Tensor x, c10::optional<torch::Tensor> delta, torch::Tensor weight, double eps) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: a contiguous float32 [tokens, hidden]");
+at::Tensor add_rms_norm(at::Tensor x, c10::optional<at::Tensor> delta, at::Tensor weight, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x: a contiguous float32 [tokens, hidden]");
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1) && weight.is_contiguous(), "weight: [hidden]");
   if (delta.has_value()) {
     TORCH_CHECK(delta->sizes() == x.sizes() && delta->is_contiguous() && delta->scalar_type() == weight.scalar_type(),
                 "delta: contiguous, x's shape, the weight's dtype");
   }
-  auto out = torch::empty(x.sizes(), weight.options());
+  auto out = at::empty(x.sizes(), weight.options());
   K25_DISPATCH(weight.scalar_type(),
                add_rms_norm_rows<T>(x.data_ptr<float>(), delta.has_value() ? delta->data_ptr<T>() : nullptr,
                                     weight.data_ptr<T>(), out.data_ptr<T>(), x.size(0), x.size(1), static_cast<float>(eps)));
   return out;
 }
 
-torch::Tensor rotary_to_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor positions,
-                              torch::Tensor slot_mapping, torch::Tensor k_cache, torch::Tensor v_cache, int64_t heads) {
+at::Tensor rotary_to_cache(at::Tensor qkv, at::Tensor cos, at::Tensor sin, at::Tensor positions,
+                              at::Tensor slot_mapping, at::Tensor k_cache, at::Tensor v_cache, int64_t heads) {
   TORCH_CHECK(k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes() && k_cache.is_contiguous() && v_cache.is_contiguous(),
               "caches: contiguous [kv_heads, slots, head_dim], one shape");
   const int64_t kv_heads = k_cache.size(0), cache_slots = k_cache.size(1), head_dim = k_cache.size(2);
@@ -139,7 +138,7 @@ torch::Tensor rotary_to_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tenso
   for (const auto& t : {cos, sin, k_cache, v_cache})
     TORCH_CHECK(t.scalar_type() == qkv.scalar_type(), "one dtype for qkv, the tables and the caches");
   const int64_t tokens = qkv.size(0);
-  TORCH_CHECK(positions.scalar_type() == torch::kInt64 && slot_mapping.scalar_type() == torch::kInt64 &&
+  TORCH_CHECK(positions.scalar_type() == at::kLong && slot_mapping.scalar_type() == at::kLong &&
                   positions.numel() == tokens && slot_mapping.numel() == tokens && positions.is_contiguous() &&
                   slot_mapping.is_contiguous(),
               "positions, slot_mapping: contiguous int64, one per token");
@@ -149,7 +148,7 @@ torch::Tensor rotary_to_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tenso
     TORCH_CHECK(pos[t] >= 0 && pos[t] < cos.size(0), "position ", pos[t], " outside the rotary tables");
     TORCH_CHECK(slots[t] >= 0 && slots[t] < cache_slots, "slot ", slots[t], " outside the cache");
   }
-  auto q = torch::empty({tokens, heads, head_dim}, qkv.options());
+  auto q = at::empty({tokens, heads, head_dim}, qkv.options());
   K25_DISPATCH(qkv.scalar_type(),
                rotary_to_cache_rows<T>(qkv.data_ptr<T>(), cos.data_ptr<T>(), sin.data_ptr<T>(), pos, slots, q.data_ptr<T>(),
                                        k_cache.data_ptr<T>(), v_cache.data_ptr<T>(), tokens, heads, kv_heads, head_dim,
@@ -157,10 +156,10 @@ torch::Tensor rotary_to_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tenso
   return q;
 }
 
-torch::Tensor silu_mul(torch::Tensor gate_up) {
+at::Tensor silu_mul(at::Tensor gate_up) {
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.is_contiguous() && gate_up.size(1) % 2 == 0, "gate_up: contiguous [tokens, 2 * inner]");
   const int64_t inner = gate_up.size(1) / 2;
-  auto out = torch::empty({gate_up.size(0), inner}, gate_up.options());
+  auto out = at::empty({gate_up.size(0), inner}, gate_up.options());
   K25_DISPATCH(gate_up.scalar_type(), silu_mul_rows<T>(gate_up.data_ptr<T>(), out.data_ptr<T>(), gate_up.size(0), inner));
   return out;
 }

@@ -9,8 +9,7 @@
 // broadcasts). Rows are taken in chunks whose float32 copy stays in L2 while every block of the
 // thread's columns passes over it. Rounds once to bfloat16, to nearest even. From kWidenRows
 // rows on (prefill), torch's float32 GEMM on a widened copy of the weight instead (below).
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "aten_parts.h"
 
 #include "cpu_math.h"
 
@@ -118,9 +117,9 @@ void tiled(const uint16_t* x, int64_t rows, int64_t k, const uint32_t* w, int64_
 }
 
 // The blocked weights as float32 W^T [K, N]: pair p of block b holds rows 2p and 2p + 1 of its 16 columns
-torch::Tensor widened_weight(const torch::Tensor& blocked) {
+at::Tensor widened_weight(const at::Tensor& blocked) {
   const int64_t blocks = blocked.size(0), pairs = blocked.size(1), n = blocks * 16;
-  auto weight = torch::empty({2 * pairs, n}, blocked.options().dtype(torch::kFloat32));
+  auto weight = at::empty({2 * pairs, n}, blocked.options().dtype(at::kFloat));
   const auto* w = reinterpret_cast<const __m256i*>(blocked.data_ptr());
   float* out = weight.data_ptr<float>();
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
@@ -140,13 +139,13 @@ torch::Tensor widened_weight(const torch::Tensor& blocked) {
 
 bool has_avx2_linear() { return true; }
 
-torch::Tensor linear_avx2(const torch::Tensor& x, const torch::Tensor& blocked, const c10::optional<torch::Tensor>& bias) {
+at::Tensor linear_avx2(const at::Tensor& x, const at::Tensor& blocked, const c10::optional<at::Tensor>& bias) {
   const int64_t rows = x.size(0), blocks = blocked.size(0), k = 2 * blocked.size(1);
   if (rows >= kWidenRows) {
-    const auto x32 = x.to(torch::kFloat32), weight = widened_weight(blocked);
-    return (bias ? at::addmm(bias->to(torch::kFloat32), x32, weight) : at::mm(x32, weight)).to(torch::kBFloat16);
+    const auto x32 = x.to(at::kFloat), weight = widened_weight(blocked);
+    return (bias ? at::addmm(bias->to(at::kFloat), x32, weight) : at::mm(x32, weight)).to(at::kBFloat16);
   }
-  auto out = torch::empty({rows, blocks * 16}, x.options());
+  auto out = at::empty({rows, blocks * 16}, x.options());
   tiled(reinterpret_cast<const uint16_t*>(x.data_ptr()), rows, k, reinterpret_cast<const uint32_t*>(blocked.data_ptr()), blocks,
         bias ? reinterpret_cast<const uint16_t*>(bias->data_ptr()) : nullptr, reinterpret_cast<uint16_t*>(out.data_ptr()),
         at::get_num_threads());
@@ -155,7 +154,7 @@ torch::Tensor linear_avx2(const torch::Tensor& x, const torch::Tensor& blocked, 
 #else
 bool has_avx2_linear() { return false; }
 
-torch::Tensor linear_avx2(const torch::Tensor&, const torch::Tensor&, const c10::optional<torch::Tensor>&) {
+at::Tensor linear_avx2(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&) {
   TORCH_CHECK(false, "linear_avx2: this build has no AVX2");
 }
 #endif

@@ -8,7 +8,7 @@
 // Accumulates in float32, rounds once to bfloat16 (to nearest even), as oneDNN does. Where the
 // CPU has AMX, linear_bf16 hands inputs of whole 32-wide tiles to linear_amx.cpp instead; where
 // it has AVX2 but no AVX512-BF16, every input goes to linear_avx2.cpp.
-#include <torch/extension.h>
+#include "aten_parts.h"
 
 #include <cstdint>
 
@@ -17,7 +17,7 @@
 
 // linear_avx2.cpp
 bool has_avx2_linear();
-torch::Tensor linear_avx2(const torch::Tensor& x, const torch::Tensor& blocked, const c10::optional<torch::Tensor>& bias);
+at::Tensor linear_avx2(const at::Tensor& x, const at::Tensor& blocked, const c10::optional<at::Tensor>& bias);
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -76,7 +76,7 @@ bool has_bf16_linear() {
 }
 
 // amx=false keeps the AVX512-BF16 kernel where AMX could run (the tests check both on one machine)
-torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor blocked, c10::optional<torch::Tensor> bias, bool amx) {
+at::Tensor linear_bf16(at::Tensor x, at::Tensor blocked, c10::optional<at::Tensor> bias, bool amx) {
   TORCH_CHECK(has_bf16_linear(), "linear_bf16: this build has neither AVX512-BF16 nor AVX2");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "linear_bf16: x must be [rows, K] bfloat16");
   TORCH_CHECK(blocked.dim() == 4 && blocked.scalar_type() == at::kBFloat16 && blocked.is_contiguous() && blocked.size(2) == 16 &&
@@ -90,7 +90,7 @@ torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor blocked, c10::optional<
   }
   x = x.contiguous();
 #if defined(__AVX512BF16__)
-  auto out = torch::empty({rows, n}, x.options());
+  auto out = at::empty({rows, n}, x.options());
   const auto* x_pairs = reinterpret_cast<const uint32_t*>(x.data_ptr());
   const auto* w = reinterpret_cast<const uint32_t*>(blocked.data_ptr());
   const auto* b = bias ? reinterpret_cast<const uint16_t*>(bias->data_ptr()) : nullptr;

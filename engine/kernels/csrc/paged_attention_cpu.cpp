@@ -9,8 +9,7 @@
 // on AMX where the CPU has it (attention_amx.cpp; its figures against the AVX512-BF16 tiles are on
 // the benchmarks page of the docs); in float32 with AVX2 elsewhere (float32 caches, or no AVX512-BF16).
 // Built by engine/kernels/cpu_build.py once per instruction set (generic, AVX2, AVX512-BF16, AMX).
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "aten_parts.h"
 
 #include "amx.h"
 #include "cpu_math.h"
@@ -832,8 +831,8 @@ void attend(T* out, const T* q, const T* k_cache, const T* v_cache, const int32_
 }
 
 template <typename T>
-void run(torch::Tensor& out, const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-         const torch::Tensor& block_tables, const torch::Tensor& query_start, const torch::Tensor& seq_lens,
+void run(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+         const at::Tensor& block_tables, const at::Tensor& query_start, const at::Tensor& seq_lens,
          int64_t block_size, double scale, bool amx) {
   attend<T>(out.data_ptr<T>(), q.data_ptr<T>(), k_cache.data_ptr<T>(), v_cache.data_ptr<T>(),
             block_tables.data_ptr<int32_t>(), query_start.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(),
@@ -844,15 +843,15 @@ void run(torch::Tensor& out, const torch::Tensor& q, const torch::Tensor& k_cach
 }  // namespace
 
 // amx=false keeps prefill tiles on AVX512-BF16 where AMX could run (the tests check both on one machine)
-torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor block_tables,
-                              torch::Tensor query_start, torch::Tensor seq_lens, int64_t block_size, double scale, bool amx) {
+at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor block_tables,
+                              at::Tensor query_start, at::Tensor seq_lens, int64_t block_size, double scale, bool amx) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.dim() == 3, "q [tokens, heads, D], caches [kv_heads, slots, D]");
   TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(), "q and the caches must be contiguous");
   TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && k_cache.scalar_type() == v_cache.scalar_type(), "one dtype");
   TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "K and V caches of one shape");
   TORCH_CHECK(q.size(2) == k_cache.size(2) && q.size(1) % k_cache.size(0) == 0, "head_dim and GQA ratio");
-  TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && query_start.scalar_type() == torch::kInt32 &&
-                  seq_lens.scalar_type() == torch::kInt32, "int32 tables, query starts and lengths");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && query_start.scalar_type() == at::kInt &&
+                  seq_lens.scalar_type() == at::kInt, "int32 tables, query starts and lengths");
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.is_contiguous() && query_start.is_contiguous() && seq_lens.is_contiguous(),
               "contiguous tables");
   TORCH_CHECK(block_tables.size(0) == seq_lens.size(0) && query_start.size(0) == seq_lens.size(0) + 1,
@@ -865,13 +864,13 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
     TORCH_CHECK(starts[s] <= starts[s + 1], "query_start must not decrease");
     TORCH_CHECK(lengths[s] >= 0 && lengths[s] <= block_tables.size(1) * block_size, "every context must fit its block table");
   }
-  auto out = torch::empty_like(q);
+  auto out = at::empty_like(q);
   switch (q.scalar_type()) {
-    case torch::kFloat32: run<float>(out, q, k_cache, v_cache, block_tables, query_start, seq_lens, block_size, scale, amx); break;
-    case torch::kBFloat16:
+    case at::kFloat: run<float>(out, q, k_cache, v_cache, block_tables, query_start, seq_lens, block_size, scale, amx); break;
+    case at::kBFloat16:
       run<c10::BFloat16>(out, q, k_cache, v_cache, block_tables, query_start, seq_lens, block_size, scale, amx);
       break;
-    case torch::kFloat16: run<c10::Half>(out, q, k_cache, v_cache, block_tables, query_start, seq_lens, block_size, scale, amx); break;
+    case at::kHalf: run<c10::Half>(out, q, k_cache, v_cache, block_tables, query_start, seq_lens, block_size, scale, amx); break;
     default: TORCH_CHECK(false, "unsupported dtype ", q.scalar_type());
   }
   return out;

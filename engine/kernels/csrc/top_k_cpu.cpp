@@ -4,8 +4,7 @@
 // beat the row's k-th best so far, which after the first blocks is nearly all of them.
 // Rows are expected finite: the kernels are built with -ffinite-math-only, so where a row holds
 // NaN or infinity the k picked are unspecified, but still k distinct indices of the row.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "aten_parts.h"
 
 #include "cpu_math.h"
 
@@ -46,11 +45,11 @@ void top_k_row(const T* row, int64_t width, int64_t k, int64_t* out) {
 
 }  // namespace
 
-torch::Tensor top_k_indices(torch::Tensor values, int64_t k) {
+at::Tensor top_k_indices(at::Tensor values, int64_t k) {
   TORCH_CHECK(values.dim() == 2 && values.is_contiguous(), "values: contiguous [rows, width]");
   TORCH_CHECK(k >= 1 && k <= kMaxK && k <= values.size(1), "k must be in [1, min(64, width)], got ", k);
   const int64_t rows = values.size(0), width = values.size(1);
-  auto out = torch::empty({rows, k}, values.options().dtype(torch::kInt64));
+  auto out = at::empty({rows, k}, values.options().dtype(at::kLong));
   int64_t* o = out.data_ptr<int64_t>();
   auto run = [&](auto* data) {
     at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
@@ -58,9 +57,9 @@ torch::Tensor top_k_indices(torch::Tensor values, int64_t k) {
     });
   };
   switch (values.scalar_type()) {
-    case torch::kFloat32: run(values.data_ptr<float>()); break;
-    case torch::kBFloat16: run(values.data_ptr<c10::BFloat16>()); break;
-    case torch::kFloat16: run(values.data_ptr<c10::Half>()); break;
+    case at::kFloat: run(values.data_ptr<float>()); break;
+    case at::kBFloat16: run(values.data_ptr<c10::BFloat16>()); break;
+    case at::kHalf: run(values.data_ptr<c10::Half>()); break;
     default: TORCH_CHECK(false, "unsupported dtype ", values.scalar_type());
   }
   return out;
