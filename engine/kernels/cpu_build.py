@@ -15,7 +15,7 @@ torch's extension root, ~/.cache/torch_extensions); the sources are copied in, s
 one commit share a build instead of rebuilding each other's.
 
 Where no build is there for this CPU (a checkout that skipped `make`), the first process builds
-its own variant under a lock (25-40 s on 2 cores) and says so; where that fails too (no compiler),
+its own variant under a lock (35-53 s on 2 cores) and says so; where that fails too (no compiler),
 the engine keeps the torch paths and says so once."""
 
 import fcntl
