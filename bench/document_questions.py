@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.document_questions --url http://127.0.0.1:8000 --model smollm2-135m \\
         --document tests/fixtures/contracts/*.txt --question "..." --question "..." [--every-passage 2 3] \\
-        [--max-tokens 32 --note-max-tokens 32] [--read notes] [--again]
+        [--max-tokens 32 --note-max-tokens 32] [--read notes] [--warm] [--again]
 
 The files are joined (a blank line between) into one document and stored with POST /v1/documents;
 each question is then asked by id (the gateway reads the passages that bear on it, together or as
@@ -14,6 +14,7 @@ no passage cached by the every-passage run. Each row gives the passages read (th
 first, where a few were read), the prompt tokens and those found cached, and the tokens generated
 (every note's and the answer's): what a question's time went to. With --again the by-id questions
 are asked once more at the end, their passages then cached: what is left is mostly decoding.
+With --warm the upload prefills every passage's KV (`"warm": true`; its time is the store's line).
 """
 
 import argparse
@@ -61,6 +62,7 @@ def main(argv=None) -> int:
     parser.add_argument("--note-max-tokens", type=int, help="tokens of each passage's note at most (default: the gateway's)")
     parser.add_argument("--read", choices=("auto", "together", "notes"),
                         help="how the questions by id read their passages (default: the gateway's, auto)")
+    parser.add_argument("--warm", action="store_true", help="warm the document's KV at upload")
     parser.add_argument("--again", action="store_true",
                         help="last, ask the questions by id once more: their passages cached, what is left is decoding")
     parser.add_argument("--timeout-s", type=float, default=1800)
@@ -71,7 +73,7 @@ def main(argv=None) -> int:
     text = "\n\n".join(Path(f).read_text(encoding="utf-8") for f in args.document)
     with httpx.Client(base_url=args.url, timeout=args.timeout_s) as client:
         started = time.perf_counter()
-        stored = client.post("/v1/documents", json={"text": text, "name": "joined"})
+        stored = client.post("/v1/documents", json={"text": text, "name": "joined", "warm": args.warm})
         stored.raise_for_status()
         document = stored.json()
         print(f"stored {document['id']}: {len(text.encode())} bytes, {document['tokens']} tokens, "

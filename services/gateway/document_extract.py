@@ -94,7 +94,7 @@ async def _extract(gateway, body: ExtractRequest, fields: list[ExtractField], sc
                    parent_span, caller: Caller, ticket):
     deadline = time.time() + gateway.settings.request_timeout_s  # one deadline for every read
     with tracer.start_as_current_span("k25.documents.extract", context=trace.set_span_in_context(parent_span)) as span:
-        text, spans, total_tokens = await load_document(gateway, body, caller, span)
+        text, spans, total_tokens, _ = await load_document(gateway, body, caller, span)
         every = passages_of(text, spans)
         # off the event loop: BM25 over hundreds of passages, once per field, is CPU work
         chosen = await asyncio.to_thread(lambda: [choose_passages(f.query, every, per_field) for f in fields])

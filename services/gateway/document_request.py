@@ -2,6 +2,7 @@
 request fields that name the document, and the document loaded from the store or cut now."""
 
 import asyncio
+from typing import NamedTuple
 
 import redis
 from pydantic import Field, model_validator
@@ -28,11 +29,18 @@ class DocumentRequest(SplitFields):
         return self
 
 
-async def load_document(gateway, body: DocumentRequest, caller: Caller, span) -> tuple[str, list[dict], int]:
-    """The document's text, its passages' spans and its token count: stored, or cut now."""
+class LoadedDocument(NamedTuple):
+    text: str
+    spans: list[dict]  # its passages'
+    tokens: int
+    warm: bool  # its passages' KV prefilled at upload
+
+
+async def load_document(gateway, body: DocumentRequest, caller: Caller, span) -> LoadedDocument:
+    """The document: stored, or cut now."""
     if body.document_id is None:
         split = await split_document(gateway, body, body.document, span)
-        return body.document, passage_spans(split), split.total_tokens
+        return LoadedDocument(body.document, passage_spans(split), split.total_tokens, False)
     try:
         found = await asyncio.to_thread(store_of(gateway).load, caller.tenant, body.document_id)
     except redis.RedisError as exc:
@@ -40,4 +48,4 @@ async def load_document(gateway, body: DocumentRequest, caller: Caller, span) ->
     if found is None:
         raise document_not_found(body.document_id, "document_id")
     meta, text = found
-    return text, meta["passages"], meta["tokens"]
+    return LoadedDocument(text, meta["passages"], meta["tokens"], meta.get("warm", False))

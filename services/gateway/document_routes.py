@@ -96,7 +96,7 @@ async def _ask(gateway: Gateway, body: AskRequest, parent_span, caller: Caller, 
     if refusal is not None:
         raise refusal
     with tracer.start_as_current_span("k25.documents.ask", context=trace.set_span_in_context(parent_span)) as span:
-        text, spans, total_tokens = await load_document(gateway, body, caller, span)
+        text, spans, total_tokens, warm = await load_document(gateway, body, caller, span)
         every = passages_of(text, spans)
         # off the event loop: BM25 over hundreds of passages is CPU work
         passages = await asyncio.to_thread(choose_passages, body.question, every, read_count)
@@ -105,7 +105,7 @@ async def _ask(gateway: Gateway, body: AskRequest, parent_span, caller: Caller, 
         together = together_messages(body.question, chosen)
         context = largest_context(gateway.registry.pools.values())
         together_tokens = await _together_tokens(gateway, body, together, sum(tokens[p.index] for p in chosen), context)
-        reading = how_to_read(body.read, together_tokens, body.max_tokens, context)
+        reading = how_to_read(body.read, together_tokens, body.max_tokens, context, warm)
         # the whole question's tokens up front (the admission reserved a first estimate): a tenant
         # whose rate cannot pay for it gets 429 before any engine work, not after its notes ran
         cost = together_tokens + body.max_tokens if reading == "together" else question_cost(

@@ -133,7 +133,7 @@ def install_document_store_routes(app: FastAPI, gateway, caller) -> None:
                 "created": created, "expires_at": created + settings.document_ttl_s, "bytes": len(body.text.encode()),
                 "tokens": split.total_tokens, "passage_tokens": body.passage_tokens,
                 "overlap_ratio": body.overlap_ratio, "semantic_threshold": body.semantic_threshold,
-                "passages": spans}
+                "warm": body.warm, "passages": spans}
         try:
             await in_store(store_of(gateway).put, caller.tenant, meta, body.text)
         except TenantLimitReached as reached:

@@ -7,7 +7,9 @@ passage, then the answer), with as many sequences as passages. Read together, a 
 prefill of its passages and one answer: fewer prompt tokens and half the decoding steps (measured
 in docs/benchmarks), so `auto` reads together whenever the prompt fits, and takes notes for what
 does not (many passages, or a small context). Reading every passage of a long document never fits: it
-is read as notes.
+is read as notes. So is a document warmed at upload: the warm-up prefilled each passage's note
+prompt, and a question that reuses them computes only its own tokens (on an AVX2-only CPU, where
+prefill is dear, 0.38-0.48x the time of the same question read together: docs/benchmarks).
 """
 
 from typing import Literal
@@ -31,12 +33,15 @@ def together_messages(question: str, passages: list) -> list[dict]:
     ]
 
 
-def how_to_read(asked: Reading, prompt_tokens: int, max_tokens: int, context: int | None) -> str:
-    """`together` or `notes`: what was asked, `auto` together when the prompt and the answer fit the
-    largest context of the pools (or no context is known yet: the engine refuses what it cannot
-    hold). Raises a 400 when `together` was asked for passages that do not fit."""
+def how_to_read(asked: Reading, prompt_tokens: int, max_tokens: int, context: int | None, warm: bool = False) -> str:
+    """`together` or `notes`: what was asked; `auto` as notes for a document warmed at upload (each
+    passage's note prompt was prefilled then: a question computes little more than its own tokens,
+    where the passages read together would be a prompt no one computed), else together when the
+    prompt and the answer fit the largest context of the pools (or no context is known yet: the
+    engine refuses what it cannot hold). Raises a 400 when `together` was asked for passages that
+    do not fit."""
     fits = context is None or prompt_tokens + max_tokens <= context
-    if asked == "notes" or (asked == "auto" and not fits):
+    if asked == "notes" or (asked == "auto" and (warm or not fits)):
         return "notes"
     if not fits:
         raise too_long_together(prompt_tokens, max_tokens, context)

@@ -154,12 +154,11 @@ def test_what_cannot_be_extracted_is_refused_before_any_engine_work(stack, chang
 
 
 def test_a_document_warmed_at_upload_has_its_first_question_find_its_passages_cached(stack):
-    """The first question about a warmed document, read as notes, finds every passage it reads
-    cached, up to the KV block that holds the question; about a document stored without warming,
-    only the prompt's opening (the same for every document) is. (Read together, a question's
-    prompt is not the one the warm-up computed.)"""
+    """The first question about a warmed document is read as notes (`auto`) and finds every
+    passage it reads cached, up to the KV block that holds the question; about a document stored
+    without warming, read together, only the prompt's opening (the same for every document) is."""
     question = {"model": MODEL, "question": "Which state's law governs the agreement?", "passages": 2,
-                "max_tokens": 4, "note_max_tokens": 4, "read": "notes"}
+                "max_tokens": 4, "note_max_tokens": 4}
     cached = {}
     for name, warm in (("en_master_services_agreement.txt", True), ("en_10k_risk_factors.txt", False)):
         stored = post(stack, "/v1/documents", {"text": (CONTRACTS / name).read_text(), "warm": warm}).json()
@@ -168,7 +167,9 @@ def test_a_document_warmed_at_upload_has_its_first_question_find_its_passages_ca
             assert stored["warmed"]["usage"]["prompt_tokens"] > sum(p["tokens"] for p in stored["passages"])
         else:
             assert "warmed" not in stored
+        assert stored["warm"] is warm and httpx.get(f"{stack.url}/v1/documents/{stored['id']}").json()["warm"] is warm
         answer = post(stack, "/v1/documents/ask", {**question, "document_id": stored["id"]}).json()
+        assert answer["read"] == ("notes" if warm else "together")
         read = {p["index"] for p in answer["passages_read"]}
         read_tokens = sum(p["tokens"] for p in stored["passages"] if p["index"] + 1 in read)
         cached[warm] = (answer["usage"]["prompt_tokens_details"]["cached_tokens"], read_tokens)

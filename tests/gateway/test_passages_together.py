@@ -32,6 +32,22 @@ def test_how_a_question_s_passages_are_read(asked, prompt, max_tokens, context, 
     assert how_to_read(asked, prompt, max_tokens, context) == expected
 
 
+@pytest.mark.parametrize("asked, prompt, context, expected", [
+    ("auto", 1900, 8192, "notes"),  # fits, but the warm-up prefilled every passage's note prompt
+    ("auto", 8000, 8192, "notes"),
+    ("auto", 1900, None, "notes"),
+    ("together", 1900, 8192, "together"),  # asked for: the warm-up does not overrule it
+    ("notes", 1900, 8192, "notes"),
+])
+def test_a_document_warmed_at_upload_is_read_as_notes_unless_together_is_asked_for(asked, prompt, context, expected):
+    assert how_to_read(asked, prompt, 256, context, warm=True) == expected
+
+
+def test_a_warmed_document_asked_to_be_read_together_past_the_context_is_still_refused():
+    with pytest.raises(OpenAIError):
+        how_to_read("together", 8000, 256, 8192, warm=True)
+
+
 def test_passages_asked_to_be_read_together_that_do_not_fit_are_refused_naming_the_context():
     with pytest.raises(OpenAIError) as refused:
         how_to_read("together", 8000, 256, 8192)
