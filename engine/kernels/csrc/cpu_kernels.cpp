@@ -4,10 +4,10 @@
 #include <torch/csrc/utils/pybind.h>
 
 at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor block_tables,
-                              at::Tensor query_start, at::Tensor seq_lens, int64_t block_size, double scale, bool amx);
+                           at::Tensor query_start, at::Tensor seq_lens, int64_t block_size, double scale, bool amx);
 at::Tensor add_rms_norm(at::Tensor x, c10::optional<at::Tensor> delta, at::Tensor weight, double eps);
 at::Tensor rotary_to_cache(at::Tensor qkv, at::Tensor cos, at::Tensor sin, at::Tensor positions,
-                              at::Tensor slot_mapping, at::Tensor k_cache, at::Tensor v_cache, int64_t heads);
+                           at::Tensor slot_mapping, at::Tensor k_cache, at::Tensor v_cache, int64_t heads);
 at::Tensor silu_mul(at::Tensor gate_up);
 at::Tensor top_k_indices(at::Tensor values, int64_t k);
 bool has_bf16_linear();

@@ -103,9 +103,9 @@ void silu_mul_rows(const T* gate_up, T* out, int64_t tokens, int64_t inner) {
 
 #define K25_DISPATCH(dtype, ...)                                                  \
   switch (dtype) {                                                                \
-    case at::kFloat: { using T = float; __VA_ARGS__; break; }                \
-    case at::kBFloat16: { using T = c10::BFloat16; __VA_ARGS__; break; }       \
-    case at::kHalf: { using T = c10::Half; __VA_ARGS__; break; }            \
+    case at::kFloat: { using T = float; __VA_ARGS__; break; }                     \
+    case at::kBFloat16: { using T = c10::BFloat16; __VA_ARGS__; break; }          \
+    case at::kHalf: { using T = c10::Half; __VA_ARGS__; break; }                  \
     default: TORCH_CHECK(false, "unsupported dtype ", dtype);                     \
   }
 
@@ -126,7 +126,7 @@ at::Tensor add_rms_norm(at::Tensor x, c10::optional<at::Tensor> delta, at::Tenso
 }
 
 at::Tensor rotary_to_cache(at::Tensor qkv, at::Tensor cos, at::Tensor sin, at::Tensor positions,
-                              at::Tensor slot_mapping, at::Tensor k_cache, at::Tensor v_cache, int64_t heads) {
+                           at::Tensor slot_mapping, at::Tensor k_cache, at::Tensor v_cache, int64_t heads) {
   TORCH_CHECK(k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes() && k_cache.is_contiguous() && v_cache.is_contiguous(),
               "caches: contiguous [kv_heads, slots, head_dim], one shape");
   const int64_t kv_heads = k_cache.size(0), cache_slots = k_cache.size(1), head_dim = k_cache.size(2);

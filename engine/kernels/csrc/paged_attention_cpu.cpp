@@ -844,7 +844,7 @@ void run(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const 
 
 // amx=false keeps prefill tiles on AVX512-BF16 where AMX could run (the tests check both on one machine)
 at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor block_tables,
-                              at::Tensor query_start, at::Tensor seq_lens, int64_t block_size, double scale, bool amx) {
+                           at::Tensor query_start, at::Tensor seq_lens, int64_t block_size, double scale, bool amx) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.dim() == 3, "q [tokens, heads, D], caches [kv_heads, slots, D]");
   TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(), "q and the caches must be contiguous");
   TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && k_cache.scalar_type() == v_cache.scalar_type(), "one dtype");
