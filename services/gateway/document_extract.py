@@ -18,8 +18,8 @@ from fastapi.responses import JSONResponse
 from opentelemetry import trace
 from pydantic import Field
 
-from proto import k25_pb2
 from common.anchors import find_anchors
+from proto import k25_pb2
 from services.gateway.api_keys import Caller
 from services.gateway.disconnect import unless_client_leaves
 from services.gateway.document_jobs import Usage, document_job
