@@ -104,7 +104,8 @@ async def _ask(gateway: Gateway, body: AskRequest, parent_span, caller: Caller, 
         tokens = {s["index"] + 1: s["end_token"] - s["start_token"] for s in spans}
         together = together_messages(body.question, chosen)
         context = largest_context(gateway.registry.pools.values())
-        together_tokens = await _together_tokens(gateway, body, together, sum(tokens[p.index] for p in chosen), context)
+        together_tokens = await _together_tokens(gateway, body, together, sum(tokens[p.index] for p in chosen), context,
+                                                 warm)
         reading = how_to_read(body.read, together_tokens, body.max_tokens, context, warm)
         # the whole question's tokens up front (the admission reserved a first estimate): a tenant
         # whose rate cannot pay for it gets 429 before any engine work, not after its notes ran
@@ -153,11 +154,12 @@ async def _ask(gateway: Gateway, body: AskRequest, parent_span, caller: Caller, 
 
 
 async def _together_tokens(gateway: Gateway, body: AskRequest, messages: list[dict], passage_tokens: int,
-                           context: int | None) -> int:
+                           context: int | None, warm: bool) -> int:
     """The prompt's tokens when the passages are read together; only their own tokens (fewer) when
-    they will not be read together anyway, or already fill the largest `context`: every passage of
-    a long document is not rendered and tokenised again to learn that it does not fit."""
-    if body.read == "notes" or (context is not None and passage_tokens > context):
+    they will not be read together anyway (notes asked for, or `auto` on a warmed document), or
+    already fill the largest `context`: every passage of a long document is not rendered and
+    tokenised again to learn that it does not fit."""
+    if body.read == "notes" or (body.read == "auto" and warm) or (context is not None and passage_tokens > context):
         return passage_tokens
     return len(await gateway.encoder.encode_chat(messages))
 
