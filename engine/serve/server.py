@@ -12,7 +12,9 @@ with a Final whose finish_reason is ABORT; a cancel for a request that has alrea
 finished, or that another peer sent, is ignored. A frame that is not [identity,
 ClientMessage] is answered with an Error INVALID_ARGUMENT (request_id empty when it could
 not be read). A peer that disconnects has its requests aborted. On shutdown every request
-still running is answered with an Error CANCELLED (one batch per peer). A frame longer
+still running is answered with an Error CANCELLED (one batch per peer), and the engine
+closes its socket only once its peers have hung up (or `hang_up_wait_s` has passed): a gateway
+would lose the answers it had not read yet (engine/serve/peers.py). A frame longer
 than `max_frame_bytes` never reaches the server: ZMQ drops it and disconnects its peer.
 
 Draining (`begin_drain`, then `drain`): new requests are refused with CANCELLED, which a
@@ -59,6 +61,7 @@ from engine.serve.health_probe import HealthProbe
 from engine.serve.kv_events import KVEventPublisher
 from engine.serve.metrics import EngineMetrics
 from engine.serve.outbox import Outbox
+from engine.serve.peers import ConnectedPeers
 from engine.serve.recent_latency import RecentPercentile
 from engine.serve.registry import EngineStats
 from engine.serve.tracing import RequestTraces
@@ -88,6 +91,8 @@ class ServerSettings:
     sndhwm: int = 5000
     rcvhwm: int = 5000
     linger_ms: int = 1000
+    # on close, how long the engine waits for its peers to hang up first (peers.py says why)
+    hang_up_wait_s: float = 2.0
     idle_poll_ms: int = 100  # how long the loop waits for frames when the engine has nothing to do
     send_retry_ms: int = 10  # how long it waits before retrying peers whose queues were full
     max_frames_per_step: int = 256  # frames read between two engine steps
@@ -127,6 +132,7 @@ class EngineServer:
             {zmq.ROUTER_MANDATORY: 1, zmq.MAXMSGSIZE: settings.max_frame_bytes}, settings.curve_secret_key,
         )
         self._outbox = Outbox(self.socket)
+        self._peers = ConnectedPeers(self.socket)
         self._routes: dict[str, _Route] = {}
         self.malformed_frames = 0
         self._calls = CallsBetweenSteps()
@@ -158,6 +164,7 @@ class EngineServer:
         return self._calls.put(fn)
 
     def run_once(self) -> None:
+        self._peers.update()
         self._calls.run()
         self._probe_if_due()
         if self._can_step():
@@ -355,25 +362,49 @@ class EngineServer:
                    else "the engine is shutting down")
 
     def close(self, why: str = "the engine is shutting down") -> None:
-        """End every request still running with an Error CANCELLED saying `why`, send what the
-        peers take within the linger time, close the socket, then the engine (its KV tiers'
-        copies under way finish, their worker thread ends)."""
+        """End every request still running with an Error CANCELLED saying `why`, wait for the
+        peers to hang up, send what they take within the linger time, close the socket, then
+        the engine (its KV tiers' copies under way finish, their worker thread ends)."""
         self._end(list(self._routes), EngineError(ErrorCode.CANCELLED, why))
         self._routes.clear()
         self._calls.cancel()
         self.traces.close()
+        self._let_peers_hang_up()
         deadline = time.monotonic() + self.settings.linger_ms / 1000
         # frames a peer's full queue held back are still here, not in ZMQ: its linger would not send them
         self._flush()
         while self._outbox.pending and time.monotonic() < deadline:
             time.sleep(self.settings.send_retry_ms / 1000)
             self._flush()
+        self._peers.close()
         self.socket.close(linger=max(0, round((deadline - time.monotonic()) * 1000)))
         if self._authenticator:
             self._authenticator.stop()
         self._context.term()
         self._publish_stats()
         self.engine.close()
+
+    def _let_peers_hang_up(self) -> None:
+        """Until every peer has closed its connection, for up to `hang_up_wait_s`: send what is
+        left and refuse what arrives (CANCELLED: another engine takes it)."""
+        self.draining = True
+        deadline = time.monotonic() + self.settings.hang_up_wait_s
+        poller = zmq.Poller()
+        poller.register(self.socket, zmq.POLLIN)
+        poller.register(self._peers.events, zmq.POLLIN)
+        while True:
+            self._flush()
+            self._peers.update()
+            left_ms = (deadline - time.monotonic()) * 1000
+            if self._peers.count <= 0:
+                return
+            if left_ms <= 0:
+                log.info("closing with %d peer connections still open after %g s: what they had not read yet may be lost",
+                         self._peers.count, self.settings.hang_up_wait_s)
+                return
+            timeout_ms = min(left_ms, self.settings.send_retry_ms if self._outbox.pending else self.settings.idle_poll_ms)
+            if self.socket in dict(poller.poll(timeout_ms)):
+                self._receive()
 
     def _end(self, request_ids: list[str], error: EngineError) -> None:
         """End these requests now with `error`, answering their peers (one frame per peer)."""

@@ -2,9 +2,11 @@
 running, waiting or finished when the drain begins follows from the steps the test drives,
 not from timing. (`k25 engine` under real signals: test_engine_shutdown.py.)"""
 
+import threading
 import time
 
 import pytest
+import zmq
 
 from engine.base.config import EngineConfig
 from engine.llm_engine import LLMEngine
@@ -15,15 +17,32 @@ from tests.helpers.engine_process import dealer, generate_message, receive, rece
 CHUNK = 32
 
 
+def engine_server(tiny_model, hang_up_wait_s: float, peer) -> EngineServer:
+    engine = LLMEngine(tiny_model, EngineConfig(chunk_size=CHUNK, max_chunk_per_gpu=64, max_num_seqs=1))
+    server = EngineServer(engine, ServerSettings(port=0, bind_host="127.0.0.1", idle_poll_ms=10,
+                                                 hang_up_wait_s=hang_up_wait_s))
+    server.peer = peer(f"tcp://127.0.0.1:{server.port}")
+    return server
+
+
 @pytest.fixture
 def server(tiny_model):
-    engine = LLMEngine(tiny_model, EngineConfig(chunk_size=CHUNK, max_chunk_per_gpu=64, max_num_seqs=1))
-    server = EngineServer(engine, ServerSettings(port=0, bind_host="127.0.0.1", idle_poll_ms=10))
-    server.peer = dealer(f"tcp://127.0.0.1:{server.port}")
+    # the test's peer reads only once the drain has returned: the engine does not wait for it to hang up
+    server = engine_server(tiny_model, 0, dealer)
     yield server
     server.peer.close()
     if not server.socket.closed:
         server.close()
+
+
+def gateway_dealer(address: str) -> zmq.Socket:
+    """A DEALER set like the gateway's: with ZMQ_IMMEDIATE, libzmq drops what it has received
+    but not handed over yet when the connection closes."""
+    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.IMMEDIATE, 1)
+    socket.connect(address)
+    return socket
 
 
 @pytest.fixture(scope="module")
@@ -110,3 +129,35 @@ def test_what_still_runs_when_the_drain_ends_is_cancelled_never_cut_silently(ser
 def test_an_idle_engine_drains_at_once(server):
     server.drain(timeout_s=600)  # nothing runs: no wait
     assert server.socket.closed and server.draining
+
+
+def test_a_drained_engine_closes_only_once_its_peer_has_hung_up_so_no_answer_is_lost(tiny_model, prompt):
+    """A gateway reads the last answer a moment after the engine sent it; had the engine closed
+    first, its DEALER (ZMQ_IMMEDIATE) would have dropped it and the stream ended engine_lost."""
+    server = engine_server(tiny_model, 600, gateway_dealer)
+    try:
+        request_id = streaming(server, prompt, max_tokens=8)
+        draining = threading.Thread(target=server.drain, args=(600,))
+        draining.start()
+        draining.join(timeout=2)
+        assert draining.is_alive() and not server.socket.closed  # the peer is still connected
+
+        messages = receive_until_done(server.peer, request_id)
+        assert messages[-1].final.finish_reason == k25_pb2.LENGTH and messages[-1].final.usage.completion_tokens == 8
+        server.peer.close()  # as a gateway does once the engine left the registry and its streams are done
+        draining.join(timeout=60)
+        assert not draining.is_alive() and server.socket.closed
+    finally:
+        server.peer.close()
+        if not server.socket.closed:
+            server.close()
+
+
+def test_a_peer_that_never_hangs_up_holds_the_close_only_for_hang_up_wait_s(tiny_model, prompt):
+    server = engine_server(tiny_model, 0.2, gateway_dealer)
+    try:
+        streaming(server, prompt, max_tokens=4)
+        server.drain(timeout_s=600)  # returns although the peer never hangs up
+        assert server.socket.closed and server.engine.num_running == 0
+    finally:
+        server.peer.close()
