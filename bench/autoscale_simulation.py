@@ -10,8 +10,8 @@ last `qps_window_s` seconds as `common.redis_keys.pool_qps` gives it to the oper
 per-second series, the start-up times of the pods that exist, the ages of those still
 starting, the waiting requests) and sets the replica count. A scale-down removes pods that
 are still starting before ready ones, newest first, as a ReplicaSet does; such a pod was
-paid for and never served (`released_before_ready`). A pod holds its GPUs from creation to
-removal.
+paid for and never served (`released_before_ready`; `released_gpu_hours`, what such pods held).
+A pod holds its GPUs from creation to removal.
 """
 
 import bisect
@@ -25,8 +25,8 @@ import numpy as np
 from bench.hpa_model import HorizontalPodAutoscaler
 from bench.load_trace import request_counts
 from bench.policy_at_revision import predictive_policy_at
-from operators.autoscale_policy import PoolObservation, Recommendation, ScalingRules, decide
 from operators import predictive_policy
+from operators.autoscale_policy import PoolObservation, Recommendation, ScalingRules, decide
 
 K25_PERIOD_S = 5.0  # the operator's autoscaling timer
 POLICIES = ("predictive", "reactive", "hpa", "queue-depth")
@@ -65,6 +65,7 @@ class Outcome:
     gpu_hours: float
     scale_events: int
     released_before_ready: int  # pods removed while still starting: GPU time that served nothing
+    released_gpu_hours: float  # what those pods held from creation to removal
     pods_created: int
     replicas: np.ndarray = field(repr=False)  # per second: pods requested (ready and starting)
     ready: np.ndarray = field(repr=False)
@@ -76,6 +77,7 @@ class Outcome:
             "gpu_hours": round(self.gpu_hours, 2),
             "scale_events": self.scale_events,
             "released_before_ready": self.released_before_ready,
+            "released_gpu_hours": round(self.released_gpu_hours, 2),
             "pods_created": self.pods_created,
         }
 
@@ -146,17 +148,18 @@ def simulate(counts: np.ndarray, autoscaler, capacity: CapacityModel, seed: int)
     ready = np.zeros(len(counts), dtype=np.int32)
     waiting = 0.0
     next_sync = float(capacity.qps_window_s)
-    released = 0
+    released_ages = []
     for now in range(len(counts)):
         n_ready = bisect.bisect_right(pods, (now, math.inf))
         if now >= next_sync:
             view = PoolView(float(now), float(counts[now - capacity.qps_window_s:now].mean()), len(pods), n_ready,
                             counts[:now], tuple(r - c for r, c, _ in pods[:n_ready]), int(waiting),
                             tuple(now - c for _, c, _ in pods[n_ready:]))
-            starting = len(pods) - n_ready
+            starting = pods[n_ready:]
             pods = _resize(pods, autoscaler.step(view), now, n_ready, capacity, rng, serials)
             n_ready = bisect.bisect_right(pods, (now, math.inf))
-            released += max(0, starting - (len(pods) - n_ready))
+            kept = {serial for _, _, serial in pods}
+            released_ages += [now - created for _, created, serial in starting if serial not in kept]
             next_sync = now + autoscaler.period_s
         replicas[now], ready[now] = len(pods), n_ready
         waiting = min(max(0.0, waiting + counts[now] - n_ready * capacity.pod_qps),
@@ -167,7 +170,8 @@ def simulate(counts: np.ndarray, autoscaler, capacity: CapacityModel, seed: int)
         requests_over_capacity=int(excess[excess > 0].sum()),
         gpu_hours=float(replicas.sum()) * capacity.gpus_per_pod / 3600,
         scale_events=int(np.count_nonzero(np.diff(replicas))),
-        released_before_ready=released,
+        released_before_ready=len(released_ages),
+        released_gpu_hours=sum(released_ages) * capacity.gpus_per_pod / 3600,
         pods_created=next(serials) - capacity.min_replicas,
         replicas=replicas,
         ready=ready,

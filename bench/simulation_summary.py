@@ -7,7 +7,7 @@ import statistics
 BASELINE = "hpa"
 # per seed, for the spread: the figure and whether a higher one is worse
 SPREAD = {"seconds_vs_hpa": True, "gpu_hours_vs_hpa": True, "seconds_over_capacity": True,
-          "released_before_ready": True, "scale_events_vs_hpa": True}
+          "released_before_ready": True, "released_gpu_hours": True, "scale_events_vs_hpa": True}
 
 
 def with_ratios(summaries: dict[str, dict]) -> dict[str, dict]:

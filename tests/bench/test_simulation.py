@@ -116,6 +116,7 @@ def test_a_scale_down_removes_starting_pods_first_newest_first():
     assert outcome.ready[75] == 4  # ...one of the two started at t=30, not those of t=10 (ready at 70)
     assert outcome.ready[95] == 5
     assert (outcome.pods_created, outcome.released_before_ready) == (4, 1)
+    assert outcome.released_gpu_hours == pytest.approx(20 / 3600)  # created at t=30, removed at t=50
 
 
 def test_the_view_carries_the_ages_of_starting_pods_and_ready_pods_released_are_not_counted():
@@ -131,6 +132,7 @@ def test_the_view_carries_the_ages_of_starting_pods_and_ready_pods_released_are_
     ages = {int(view.now): view.starting_age_s for view in watcher.views}
     assert ages[10] == () and ages[30] == (20.0, 20.0) and ages[70] == ()
     assert (outcome.pods_created, outcome.released_before_ready) == (2, 0)  # removed at t=90, ready since t=70
+    assert outcome.released_gpu_hours == 0
 
 
 def test_the_queue_depth_baseline_scales_on_waiting_requests_per_replica():
@@ -172,7 +174,7 @@ def test_simulate_command_prints_json_for_each_seed_and_the_total(capsys, tmp_pa
         summed = sum(printed[seed][policy]["seconds_over_capacity"] for seed in ("1", "2"))
         assert printed["total"][policy]["seconds_over_capacity"] == summed
         assert {"requests_over_capacity", "gpu_hours", "scale_events", "released_before_ready",
-                "pods_created"} <= set(printed["1"][policy])
+                "released_gpu_hours", "pods_created"} <= set(printed["1"][policy])
         seconds = [printed[seed][policy]["seconds_over_capacity"] for seed in ("1", "2")]
         spread = printed["spread"][policy]["seconds_over_capacity"]
         assert spread["worst"] == max(seconds) and spread["median"] == sum(seconds) / 2
