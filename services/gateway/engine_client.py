@@ -27,9 +27,10 @@ log = logging.getLogger(__name__)
 # put on a stream when the engine's connection drops
 ENGINE_GONE = object()
 # after a drop, how long frames of the closed connection may still arrive while a request is
-# unanswered: ZMQ reports the drop on the monitor's pipe, which can overtake the data's (seen
-# once: a drained engine's last answer arrived after its disconnect, and the stream ended
-# engine_lost); a dead engine's requests fail this much later
+# unanswered: ZMQ reports the drop on the monitor's pipe, which can overtake the data's; a dead
+# engine's requests fail this much later. (What this socket had received but not handed over when
+# the drop came is gone: ZMQ_IMMEDIATE drops it; an engine therefore closes after its peers hang
+# up, engine/serve/peers.py.)
 DISCONNECT_GRACE_S = 1.0
 
 
