@@ -10,7 +10,10 @@ each ChunkResponse to its caller by request_id.
     client.close()
 
 It speaks only the wire contract (proto's ChunkRequest and ChunkResponse), so the gateway
-needs nothing of the chunker's code. proto keeps the chunker's names: each `Chunk` message is
+needs nothing of the chunker's code. A request whose connection dropped before its answer came
+(the chunker pod stopped or was replaced) is sent again once the socket has reconnected (to the
+same chunker or, behind a Service, another): cutting a document is idempotent, and an answer that
+comes twice is taken once. proto keeps the chunker's names: each `Chunk` message is
 one passage of the document, and ChunkRequest.chunk_size is a passage's token budget. A refusal raises ChunkerError with the service's code (e.g. INVALID_ARGUMENT for a document
 above its size limit); no answer within `timeout_s` raises ChunkerError(DEADLINE_EXCEEDED).
 """
@@ -51,16 +54,17 @@ class ChunkerClient:
         self._socket.setsockopt(zmq.SNDHWM, sndhwm)
         self._socket.setsockopt(zmq.RCVHWM, rcvhwm)
         self._server_keys = ServerKeyChoice(curve_secret_key) if curve_secret_key else None
-        self._monitor = None
         if self._server_keys:
             make_client(self._socket, curve_secret_key, self._server_keys.server_public_key)
             if len(self._server_keys.candidates) > 1:
                 # a CURVE rotation: a chunker may hold either key, and a failed handshake tries the
                 # other; only a finished handshake takes messages, so none waits on a dead attempt
                 self._socket.setsockopt(zmq.IMMEDIATE, 1)
-                self._monitor = self._socket.get_monitor_socket(ServerKeyChoice.EVENTS)
+        self._monitor = self._socket.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | ServerKeyChoice.EVENTS)
         self._socket.connect(address)
-        self._pending: dict[str, asyncio.Future] = {}
+        self._pending: dict[str, tuple[asyncio.Future, bytes]] = {}  # request_id -> its answer, the frame sent
+        self._dropped = False  # the connection dropped: what was sent on it may never be answered
         self._reader: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None
 
@@ -71,8 +75,8 @@ class ChunkerClient:
         """The document cut into passages by the chunker; 0 or None parameters take the service's defaults."""
         if self._reader is None or self._reader.done():
             self._reader = asyncio.create_task(self._read())
-        if self._monitor is not None and (self._watcher is None or self._watcher.done()):
-            self._watcher = asyncio.create_task(self._watch_handshakes())
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.create_task(self._watch_connection())
         request_id = uuid.uuid4().hex
         request = k25_pb2.ChunkRequest(
             request_id=request_id, text=text, chunk_size=passage_tokens, overlap_ratio=overlap_ratio,
@@ -82,10 +86,11 @@ class ChunkerClient:
             deadline_unix_s=time.time() + self.timeout_s,
         )
         answer = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = answer
+        payload = request.SerializeToString()
+        self._pending[request_id] = (answer, payload)
         try:
             async with asyncio.timeout(self.timeout_s):  # not wait_for: it can drop a cancel (engine_client.py)
-                response = await self._exchange(request.SerializeToString(), answer)
+                response = await self._exchange(payload, answer)
         except TimeoutError:
             raise ChunkerError("DEADLINE_EXCEEDED", f"no answer from the chunker at {self.address} within {self.timeout_s} s") from None
         finally:
@@ -106,14 +111,24 @@ class ChunkerClient:
             except DecodeError:
                 log.warning("ignored a frame from %s that is not a ChunkResponse", self.address)
                 continue
-            answer = self._pending.get(response.request_id)
+            answer, _ = self._pending.get(response.request_id, (None, b""))
             if answer is not None and not answer.done():
                 answer.set_result(response)
 
-    async def _watch_handshakes(self) -> None:
+    async def _watch_connection(self) -> None:
         while True:
             event = parse_monitor_message(await self._monitor.recv_multipart())["event"]
-            if self._server_keys.switch(self._socket, self.address, event):
+            if event == zmq.EVENT_DISCONNECTED:
+                self._dropped = True
+            elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED and self._dropped:
+                self._dropped = False
+                waiting = [payload for answer, payload in self._pending.values() if not answer.done()]
+                if waiting:
+                    log.warning("the connection to the chunker at %s dropped with %d requests unanswered; sent again",
+                                self.address, len(waiting))
+                for payload in waiting:
+                    await self._socket.send(payload)
+            elif self._server_keys and self._server_keys.switch(self._socket, self.address, event):
                 log.info("the chunker at %s refused the CURVE handshake: dialling it with the rotation's other key",
                          self.address)
 
@@ -122,10 +137,9 @@ class ChunkerClient:
         for task in (self._reader, self._watcher):
             if task is not None:
                 task.cancel()
-        if self._monitor is not None:
-            self._socket.disable_monitor()
-            self._monitor.close(linger=0)
-        for answer in self._pending.values():
+        self._socket.disable_monitor()
+        self._monitor.close(linger=0)
+        for answer, _ in self._pending.values():
             if not answer.done():
                 answer.set_exception(ChunkerError("CANCELLED", "the chunker client was closed"))
         self._socket.close(linger=0)

@@ -2,6 +2,7 @@
 
 import asyncio
 import random
+import signal
 import time
 import uuid
 
@@ -242,6 +243,32 @@ async def test_the_clients_request_carries_the_deadline_it_gives_up_at():
         client.close()
         router.close(linger=0)
         context.term()
+
+
+@pytest.mark.asyncio
+async def test_a_request_whose_chunker_went_away_is_asked_again_of_the_one_that_replaced_it(tmp_path, library):
+    """As when a chunker pod is replaced: the request reached a chunker that never read it (stopped,
+    then killed), and another one came up at the same address."""
+    first = start_chunker(tmp_path / "first.log")
+    client = ChunkerClient(first.address, timeout_s=60)
+    second = None
+    try:
+        assert not (await client.chunk("第一条 总则。")).HasField("error")  # connected
+        first.process.send_signal(signal.SIGSTOP)
+        text = contract("zh_equity_transfer.txt")
+        asking = asyncio.create_task(client.chunk(text))
+        await asyncio.sleep(0.5)  # written to the stopped chunker's connection, not kept in the client's queue
+        first.process.kill()
+        first.process.wait(timeout=30)
+        second = start_chunker(tmp_path / "second.log", zmq_port=first.zmq_port)
+        response = await asking
+        assert spans(response.chunks) == spans(library.split(text, DEFAULTS).passages)
+    finally:
+        client.close()
+        for handle in (first, second):
+            if handle is not None and handle.process.poll() is None:
+                handle.process.terminate()
+                handle.process.wait(timeout=30)
 
 
 @pytest.mark.asyncio

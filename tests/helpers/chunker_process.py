@@ -40,9 +40,10 @@ class ChunkerProcess:
         return self.log_path.read_text()
 
 
-def start_chunker(log_path: pathlib.Path, timeout_s: float = 60) -> ChunkerProcess:
-    """Start `k25 chunker` and return once its /metrics answers (it has bound its ZMQ port by then)."""
-    zmq_port, metrics_port = free_port(), free_port()
+def start_chunker(log_path: pathlib.Path, timeout_s: float = 60, zmq_port: int | None = None) -> ChunkerProcess:
+    """Start `k25 chunker` (on `zmq_port`, or a free port) and return once its /metrics answers (it
+    has bound its ZMQ port by then)."""
+    zmq_port, metrics_port = zmq_port or free_port(), free_port()
     with open(log_path, "w") as log:  # a file, not a pipe that nobody reads
         process = subprocess.Popen(
             [
