@@ -245,6 +245,18 @@ async def test_the_clients_request_carries_the_deadline_it_gives_up_at():
         context.term()
 
 
+def bytes_unread_at(port: int) -> int:
+    """Bytes waiting in the receive queues of the established TCP connections on 127.0.0.1:`port`
+    (Linux's /proc/net/tcp: local address, state 01, then tx_queue:rx_queue in hex)."""
+    unread = 0
+    with open("/proc/net/tcp") as table:
+        for row in list(table)[1:]:
+            fields = row.split()
+            if int(fields[1].split(":")[1], 16) == port and fields[3] == "01":
+                unread += int(fields[4].split(":")[1], 16)
+    return unread
+
+
 @pytest.mark.asyncio
 async def test_a_request_whose_chunker_went_away_is_asked_again_of_the_one_that_replaced_it(tmp_path, library):
     """As when a chunker pod is replaced: the request reached a chunker that never read it (stopped,
@@ -257,7 +269,11 @@ async def test_a_request_whose_chunker_went_away_is_asked_again_of_the_one_that_
         first.process.send_signal(signal.SIGSTOP)
         text = contract("zh_equity_transfer.txt")
         asking = asyncio.create_task(client.chunk(text))
-        await asyncio.sleep(0.5)  # written to the stopped chunker's connection, not kept in the client's queue
+        # written to the stopped chunker's connection (its kernel holds it), not kept in the client's queue
+        deadline = time.monotonic() + 30
+        while not bytes_unread_at(first.zmq_port):
+            assert time.monotonic() < deadline, "the request never reached the stopped chunker's socket"
+            await asyncio.sleep(0.01)
         first.process.kill()
         first.process.wait(timeout=30)
         second = start_chunker(tmp_path / "second.log", zmq_port=first.zmq_port)

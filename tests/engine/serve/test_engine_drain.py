@@ -12,7 +12,8 @@ from engine.base.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.serve.server import EngineServer, ServerSettings
 from proto import k25_pb2
-from tests.helpers.engine_process import dealer, generate_message, receive, receive_until_done, request_id_of, send
+from tests.helpers.engine_process import (dealer, generate_message, receive, receive_until_done, request_id_of, send,
+                                          wait_until)
 
 CHUNK = 32
 
@@ -139,8 +140,11 @@ def test_a_drained_engine_closes_only_once_its_peer_has_hung_up_so_no_answer_is_
         request_id = streaming(server, prompt, max_tokens=8)
         draining = threading.Thread(target=server.drain, args=(600,))
         draining.start()
-        draining.join(timeout=2)
-        assert draining.is_alive() and not server.socket.closed  # the peer is still connected
+        wait_until(lambda: request_id not in server._routes, timeout_s=60, what="the answer finished and sent")
+        # an engine that closed once its answers were out would have done so now; this one waits for
+        # its peer (600 s), so the thread cannot end here, however fast or slow the machine
+        draining.join(timeout=1)
+        assert draining.is_alive() and not server.socket.closed
 
         messages = receive_until_done(server.peer, request_id)
         assert messages[-1].final.finish_reason == k25_pb2.LENGTH and messages[-1].final.usage.completion_tokens == 8
