@@ -103,11 +103,14 @@ def start_engine(redis_url: str, log_path: str, *flags: str, engine_id: str = "e
     return handle
 
 
-def dealer(address: str, curve_secret_key: str | None = None) -> zmq.Socket:
-    """A DEALER connected to an engine; with the key of an engine that asks for one (CURVE)."""
+def dealer(address: str, curve_secret_key: str | None = None, immediate: bool = False) -> zmq.Socket:
+    """A DEALER connected to an engine; with the key of an engine that asks for one (CURVE); with
+    `immediate`, set like the gateway's (ZMQ_IMMEDIATE: libzmq drops what it has received but not
+    handed over yet when the connection closes)."""
     socket = zmq.Context.instance().socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
     socket.setsockopt(zmq.SNDTIMEO, 10_000)
+    socket.setsockopt(zmq.IMMEDIATE, int(immediate))
     if curve_secret_key:
         make_client(socket, curve_secret_key.encode())
     socket.connect(address)

@@ -6,14 +6,12 @@ import threading
 import time
 
 import pytest
-import zmq
 
 from engine.base.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.serve.server import EngineServer, ServerSettings
 from proto import k25_pb2
-from tests.helpers.engine_process import (dealer, generate_message, receive, receive_until_done, request_id_of, send,
-                                          wait_until)
+from tests.helpers.engine_process import dealer, generate_message, receive, receive_until_done, request_id_of, send, wait_until
 
 CHUNK = 32
 
@@ -34,16 +32,6 @@ def server(tiny_model):
     server.peer.close()
     if not server.socket.closed:
         server.close()
-
-
-def gateway_dealer(address: str) -> zmq.Socket:
-    """A DEALER set like the gateway's: with ZMQ_IMMEDIATE, libzmq drops what it has received
-    but not handed over yet when the connection closes."""
-    socket = zmq.Context.instance().socket(zmq.DEALER)
-    socket.setsockopt(zmq.LINGER, 0)
-    socket.setsockopt(zmq.IMMEDIATE, 1)
-    socket.connect(address)
-    return socket
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +123,7 @@ def test_an_idle_engine_drains_at_once(server):
 def test_a_drained_engine_closes_only_once_its_peer_has_hung_up_so_no_answer_is_lost(tiny_model, prompt):
     """A gateway reads the last answer a moment after the engine sent it; had the engine closed
     first, its DEALER (ZMQ_IMMEDIATE) would have dropped it and the stream ended engine_lost."""
-    server = engine_server(tiny_model, 600, gateway_dealer)
+    server = engine_server(tiny_model, 600, lambda address: dealer(address, immediate=True))
     try:
         request_id = streaming(server, prompt, max_tokens=8)
         draining = threading.Thread(target=server.drain, args=(600,))
@@ -158,7 +146,7 @@ def test_a_drained_engine_closes_only_once_its_peer_has_hung_up_so_no_answer_is_
 
 
 def test_a_peer_that_never_hangs_up_holds_the_close_only_for_hang_up_wait_s(tiny_model, prompt):
-    server = engine_server(tiny_model, 0.2, gateway_dealer)
+    server = engine_server(tiny_model, 0.2, lambda address: dealer(address, immediate=True))
     try:
         streaming(server, prompt, max_tokens=4)
         server.drain(timeout_s=600)  # returns although the peer never hangs up
